@@ -1,0 +1,315 @@
+"""HiRes configuration: the architecture's public contract (see HIRES.md §2).
+
+Field names follow transformers' Llama / OLMoE configs wherever the meaning is the same, so that tools and
+people recognise them. HiRes adds five fields:
+
+- `residual_size` (D): width of the residual stream *between* blocks; `hidden_size` (d) stays every layer's
+  compute width.
+- `layers_per_block` (k): consecutive d-wide PreNorm layers grouped into one block.
+- `write_mode`: what a block writes back into the wide stream, its output ("output") or what it added ("delta").
+- `outer_norm`: the PostNorm over D after each block's write (off only for ablations and exact upcycling).
+- `projection_init`: how read / write / read-out projections start ("normal" or "identity").
+
+`num_experts=0` gives dense SwiGLU layers; `num_experts>0` gives OLMoE-style sparse MoE layers.
+
+This file imports nothing of ours so that it ships unchanged as Hub remote code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers.configuration_utils import PreTrainedConfig
+from transformers.modeling_rope_utils import RopeParameters
+
+WRITE_MODES = ("output", "delta")
+PROJECTION_INITS = ("normal", "identity")
+QK_NORMS = (None, "per_head", "full")
+
+
+@strict
+class HiResConfig(PreTrainedConfig):
+    r"""Configuration of a HiRes decoder (dense or MoE).
+
+    Example:
+        >>> from hires_hf import HiResConfig
+        >>> config = HiResConfig.from_preset("tiny")
+        >>> config.num_blocks
+        2
+    """
+
+    model_type = "hires"
+    keys_to_ignore_at_inference = ["cache"]
+    attribute_map = {"num_local_experts": "num_experts"}
+
+    # Module names are the real ones of modeling_hires.py: layers live inside blocks.
+    base_model_tp_plan = {
+        "blocks.*.layers.*.self_attn.q_proj": "colwise",
+        "blocks.*.layers.*.self_attn.k_proj": "colwise",
+        "blocks.*.layers.*.self_attn.v_proj": "colwise",
+        "blocks.*.layers.*.self_attn.o_proj": "rowwise",
+        "blocks.*.layers.*.mlp.gate_proj": "colwise",
+        "blocks.*.layers.*.mlp.up_proj": "colwise",
+        "blocks.*.layers.*.mlp.down_proj": "rowwise",
+        "blocks.*.layers.*.mlp.experts.gate_up_proj": "packed_colwise",
+        "blocks.*.layers.*.mlp.experts.down_proj": "rowwise",
+        "blocks.*.layers.*.mlp.experts": "moe_tp_experts",
+    }
+    base_model_ep_plan = {
+        "blocks.*.layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
+        "blocks.*.layers.*.mlp.experts.down_proj": "grouped_gemm",
+        "blocks.*.layers.*.mlp.experts": "ep_dispatch_experts",
+    }
+    base_model_fsdp_plan = {
+        "embed_tokens": "free_full_weight",
+        "blocks.*": "free_full_weight",
+        "read_out": "keep_full_weight",
+        "norm": "keep_full_weight",
+    }
+    # A pipeline stage boundary can only fall between blocks: the wide stream `r` is what crosses it.
+    base_model_pp_plan = {
+        "embed_tokens": (["input_ids"], ["inputs_embeds"]),
+        "blocks": (["hidden_states", "attention_mask"], ["hidden_states"]),
+        "read_out": (["hidden_states"], ["hidden_states"]),
+        "norm": (["hidden_states"], ["hidden_states"]),
+    }
+
+    # --- the usual decoder fields (Llama / OLMoE names) ---
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 4096
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-6
+    use_cache: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    tie_word_embeddings: bool = False
+    rope_parameters: RopeParameters | dict | None = None
+    attention_bias: bool = False  # bias on q/k/v projections (Qwen2: True)
+    attention_output_bias: bool = False  # bias on o_proj (Llama with attention_bias=True: True)
+    attention_dropout: float | int = 0.0
+    mlp_bias: bool = False
+    qk_norm: str | None = None  # None, "per_head" (Qwen3, over head_dim) or "full" (OLMoE, over all heads)
+    clip_qkv: float | None = None  # OLMoE's optional clamp of q/k/v
+
+    # --- mixture of experts (num_experts=0: dense) ---
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int | None = None
+    norm_topk_prob: bool = False
+    router_aux_loss_coef: float = 0.01
+    router_z_loss_coef: float = 0.0
+    output_router_logits: bool = False
+
+    # --- HiRes ---
+    residual_size: int | None = None  # D; None -> 2 * hidden_size
+    layers_per_block: int = 4  # k
+    write_mode: str = "output"
+    outer_norm: bool = True
+    projection_init: str = "normal"
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        heads = self.num_attention_heads
+        if self.head_dim is None and heads > 0 and self.hidden_size % heads == 0:
+            self.head_dim = self.hidden_size // heads  # left None otherwise: validate_attention says why
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.residual_size is None:
+            self.residual_size = 2 * self.hidden_size
+        if self.num_experts and self.moe_intermediate_size is None:
+            self.moe_intermediate_size = self.intermediate_size
+        super().__post_init__(**kwargs)
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def num_blocks(self) -> int:
+        """B = L / k, derived so that it can never disagree with the two fields it comes from."""
+        return self.num_hidden_layers // self.layers_per_block
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    # ------------------------------------------------------------------ validation (run by @strict)
+    def validate_widths(self) -> None:
+        """The residual stream may be wider than the layers, never narrower."""
+        _require(self.hidden_size > 0, "hidden_size", self.hidden_size, "a positive integer")
+        _require(
+            self.residual_size >= self.hidden_size,
+            "residual_size",
+            self.residual_size,
+            f"an integer >= hidden_size ({self.hidden_size}); the wide stream cannot be narrower than a layer",
+        )
+        _require(self.vocab_size > 0, "vocab_size", self.vocab_size, "a positive integer")
+        _require(self.intermediate_size > 0, "intermediate_size", self.intermediate_size, "a positive integer")
+
+    def validate_blocks(self) -> None:
+        """Blocks hold whole layers: L must split into blocks of k."""
+        _require(self.layers_per_block > 0, "layers_per_block", self.layers_per_block, "a positive integer")
+        _require(self.num_hidden_layers > 0, "num_hidden_layers", self.num_hidden_layers, "a positive integer")
+        _require(
+            self.num_hidden_layers % self.layers_per_block == 0,
+            "layers_per_block",
+            self.layers_per_block,
+            f"a divisor of num_hidden_layers ({self.num_hidden_layers})",
+        )
+
+    def validate_hires_options(self) -> None:
+        _require(self.write_mode in WRITE_MODES, "write_mode", self.write_mode, f"one of {WRITE_MODES}")
+        _require(
+            self.projection_init in PROJECTION_INITS,
+            "projection_init",
+            self.projection_init,
+            f"one of {PROJECTION_INITS}",
+        )
+        _require(self.qk_norm in QK_NORMS, "qk_norm", self.qk_norm, f"one of {QK_NORMS}")
+
+    def validate_attention(self) -> None:
+        heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
+        _require(heads > 0, "num_attention_heads", heads, "a positive integer")
+        _require(
+            kv_heads > 0 and heads % kv_heads == 0,
+            "num_key_value_heads",
+            kv_heads,
+            f"a positive divisor of num_attention_heads ({heads})",
+        )
+        _require(
+            self.head_dim is not None,
+            "num_attention_heads",
+            heads,
+            f"a divisor of hidden_size ({self.hidden_size}), or give head_dim explicitly",
+        )
+        _require(
+            self.head_dim > 0 and self.head_dim % 2 == 0,
+            "head_dim",
+            self.head_dim,
+            "a positive even integer (rotary embeddings rotate pairs of dimensions)",
+        )
+        if self.clip_qkv is not None:
+            _require(self.clip_qkv > 0, "clip_qkv", self.clip_qkv, "None or a positive number")
+
+    def validate_embeddings(self) -> None:
+        """The embedding is V x D and the head V x d: they can only be one matrix when D == d."""
+        if self.tie_word_embeddings:
+            _require(
+                self.residual_size == self.hidden_size,
+                "tie_word_embeddings",
+                self.tie_word_embeddings,
+                f"False when residual_size ({self.residual_size}) != hidden_size ({self.hidden_size}): "
+                "the embedding is vocab x residual_size, the head vocab x hidden_size",
+            )
+
+    def validate_experts(self) -> None:
+        _require(self.num_experts >= 0, "num_experts", self.num_experts, "0 (dense) or a positive integer")
+        _require(self.router_aux_loss_coef >= 0, "router_aux_loss_coef", self.router_aux_loss_coef, ">= 0")
+        _require(self.router_z_loss_coef >= 0, "router_z_loss_coef", self.router_z_loss_coef, ">= 0")
+        if not self.is_moe:
+            return
+        _require(
+            1 <= self.num_experts_per_tok <= self.num_experts,
+            "num_experts_per_tok",
+            self.num_experts_per_tok,
+            f"an integer in [1, num_experts={self.num_experts}]",
+        )
+        _require(
+            self.moe_intermediate_size > 0, "moe_intermediate_size", self.moe_intermediate_size, "a positive integer"
+        )
+
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> HiResConfig:
+        """A named shape (HIRES.md §7), with any field overridden by keyword."""
+        if name not in PRESETS:
+            raise ValueError(f"Unknown preset {name!r}. Available presets: {', '.join(sorted(PRESETS))}.")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+def _require(ok: bool, field: str, value: object, allowed: str) -> None:
+    """Raise the one error shape every invalid field gets: the field, its value, and what is allowed."""
+    if not ok:
+        raise ValueError(f"Invalid HiResConfig: {field}={value!r}; allowed: {allowed}.")
+
+
+_TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=172,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    residual_size=128,
+    layers_per_block=2,
+)
+
+# A dense ladder spanning ~10x in forward FLOPs (at 256 tokens of context), for scaling fits on a CPU.
+# Each rung is `d`, `L`; heads of 32 dims, D = 2d, k = 2, SwiGLU width ~8d/3.
+_LADDER = {
+    "ladder-1": (64, 4),
+    "ladder-2": (96, 4),
+    "ladder-3": (128, 6),
+    "ladder-4": (192, 8),
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": _TINY,
+    "tiny-moe": {
+        **_TINY,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "qk_norm": "full",
+        "router_z_loss_coef": 0.001,
+    },
+    **{
+        name: dict(
+            vocab_size=4096,
+            hidden_size=d,
+            intermediate_size=int(8 * d / 3 / 8 + 1) * 8,
+            num_hidden_layers=layers,
+            num_attention_heads=d // 32,
+            max_position_embeddings=1024,
+            residual_size=2 * d,
+            layers_per_block=2,
+        )
+        for name, (d, layers) in _LADDER.items()
+    },
+    # The released OLMoE-1B-7B shape, made HiRes with D = 2d and k = 4.
+    "olmoe-1b-7b": dict(
+        vocab_size=50304,
+        hidden_size=2048,
+        intermediate_size=1024,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        head_dim=128,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        qk_norm="full",
+        num_experts=64,
+        num_experts_per_tok=8,
+        moe_intermediate_size=1024,
+        norm_topk_prob=False,
+        router_aux_loss_coef=0.01,
+        router_z_loss_coef=0.001,
+        initializer_range=0.02,
+        tie_word_embeddings=False,
+        pad_token_id=1,
+        bos_token_id=None,
+        eos_token_id=50279,
+        residual_size=4096,
+        layers_per_block=4,
+    ),
+}
+
+
+__all__ = ["HiResConfig", "PRESETS"]

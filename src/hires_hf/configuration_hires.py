@@ -176,12 +176,6 @@ class HiResConfig(PreTrainedConfig):
         heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
         _require(heads > 0, "num_attention_heads", heads, "a positive integer")
         _require(
-            kv_heads > 0 and heads % kv_heads == 0,
-            "num_key_value_heads",
-            kv_heads,
-            f"a positive divisor of num_attention_heads ({heads})",
-        )
-        _require(
             self.head_dim is not None,
             "num_attention_heads",
             heads,
@@ -192,6 +186,12 @@ class HiResConfig(PreTrainedConfig):
             "head_dim",
             self.head_dim,
             "a positive even integer (rotary embeddings rotate pairs of dimensions)",
+        )
+        _require(
+            kv_heads > 0 and heads % kv_heads == 0,
+            "num_key_value_heads",
+            kv_heads,
+            f"a positive divisor of num_attention_heads ({heads})",
         )
         if self.clip_qkv is not None:
             _require(self.clip_qkv > 0, "clip_qkv", self.clip_qkv, "None or a positive number")
@@ -312,4 +312,4 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-__all__ = ["HiResConfig", "PRESETS"]
+__all__ = ["PRESETS", "HiResConfig"]

@@ -566,11 +566,11 @@ class HiResForSequenceClassification(GenericForSequenceClassification, HiResPreT
 
 
 __all__ = [
-    "HiResPreTrainedModel",
-    "HiResModel",
+    "HiResCausalLMOutputWithPast",
     "HiResForCausalLM",
     "HiResForSequenceClassification",
-    "HiResCausalLMOutputWithPast",
+    "HiResModel",
+    "HiResPreTrainedModel",
     "load_balancing_loss",
     "router_z_loss",
 ]

@@ -1,0 +1,62 @@
+"""`hires-hf` command line: argument parsing and error messages only; the work lives in the sub-packages.
+
+Each sub-package that owns commands exposes `add_parsers(subparsers)`, which adds its sub-commands and sets
+`func` on each; a `HiResUserError` (or `ValueError` from a config) becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from huggingface_hub.errors import StrictDataclassError
+
+from .errors import HiResUserError
+
+# Modules whose `add_parsers` contribute sub-commands; a module that is not there yet is skipped.
+COMMAND_MODULES = (
+    "hires_hf.info",
+    "hires_hf.conversion.cli",
+    "hires_hf.training.cli",
+    "hires_hf.eval.cli",
+    "hires_hf.publish",
+    "benchmarks.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hires-hf", description="HiRes (Hierarchical Residuals) for transformers")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name is not None and name.startswith(error.name):
+                continue  # that part of the package is not installed / not written
+            raise
+        module.add_parsers(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `hires-hf` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        result = args.func(args)
+    except (HiResUserError, FileNotFoundError, NotADirectoryError, PermissionError) as error:
+        print(f"hires-hf {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except (ValueError, StrictDataclassError) as error:  # configs raise ValueError, wrapped by strict validation
+        if os.environ.get("HIRES_HF_DEBUG"):
+            raise
+        cause = error.__cause__ or error
+        print(f"hires-hf {args.command}: error: {cause}", file=sys.stderr)
+        return 2
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

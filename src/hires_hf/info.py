@@ -1,0 +1,65 @@
+"""`hires-hf info`: what a preset or config costs, HiRes next to its vanilla twin."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .accounting import cost, hires_flops_overhead
+from .configuration_hires import PRESETS, HiResConfig
+from .errors import HiResUserError
+
+
+def load_config(spec: str) -> HiResConfig:
+    """A preset name, a config.json, or a model folder holding one."""
+    if spec in PRESETS:
+        return HiResConfig.from_preset(spec)
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise HiResUserError(
+            f"{spec!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a config.json / model folder."
+        )
+    try:
+        fields = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise HiResUserError(f"{path} is not valid JSON ({error}); pass a HiRes config.json.") from error
+    if fields.get("model_type", "hires") != "hires":
+        raise HiResUserError(
+            f"{path} describes a {fields['model_type']!r} model, not HiRes; convert it first with `hires-hf convert`."
+        )
+    return HiResConfig.from_dict(fields)
+
+
+def cost_table(config: HiResConfig, seq_len: int) -> str:
+    """A markdown table: params and counted FLOPs/token for HiRes and its vanilla twin."""
+    hires, vanilla = cost(config, seq_len), cost(config, seq_len, vanilla=True)
+    rows = [
+        "| model | params | fwd FLOPs/token | train FLOPs/token |",
+        "|---|---:|---:|---:|",
+        f"| vanilla twin | {vanilla.params:,} | {vanilla.forward_flops_per_token:,.0f} |"
+        f" {vanilla.train_flops_per_token:,.0f} |",
+        f"| HiRes (D={config.residual_size}, k={config.layers_per_block}) | {hires.params:,} |"
+        f" {hires.forward_flops_per_token:,.0f} | {hires.train_flops_per_token:,.0f} |",
+    ]
+    overhead = hires_flops_overhead(config, seq_len)
+    return "\n".join(rows) + f"\n\nHiRes FLOPs overhead at {seq_len} tokens of context: {overhead:+.2%}"
+
+
+def run_info(args: argparse.Namespace) -> int:
+    config = load_config(args.model)
+    print(
+        f"d={config.hidden_size} D={config.residual_size} L={config.num_hidden_layers} "
+        f"k={config.layers_per_block} blocks={config.num_blocks} experts={config.num_experts}"
+    )
+    print(cost_table(config, args.seq_len))
+    return 0
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("info", help="parameters and counted FLOPs of a preset or config, vs vanilla")
+    parser.add_argument("model", help=f"preset ({', '.join(sorted(PRESETS))}), config.json or model folder")
+    parser.add_argument("--seq-len", type=int, default=2048, help="context length for attention FLOPs")
+    parser.set_defaults(func=run_info)

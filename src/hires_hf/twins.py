@@ -1,0 +1,75 @@
+"""Vanilla twins: the transformers model with the same d-wide layers as a HiRes config.
+
+A twin is what HiRes is compared against (same compute width, depth, heads and FFN; residual stream of
+width d, no blocks). Dense layers without q/k norm are Llama, per-head q/k norm is Qwen3, MoE with
+full-width q/k norm is OLMoE.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import LlamaConfig, OlmoeConfig, PreTrainedConfig, Qwen3Config
+
+from .configuration_hires import HiResConfig
+
+SHARED_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "max_position_embeddings",
+    "initializer_range",
+    "rms_norm_eps",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "tie_word_embeddings",
+    "rope_parameters",
+    "attention_dropout",
+)
+
+
+def vanilla_config(config: HiResConfig) -> PreTrainedConfig:
+    """The Llama / Qwen3 / OLMoE config whose layers are exactly the HiRes layers."""
+    shared: dict[str, Any] = {name: getattr(config, name) for name in SHARED_FIELDS}
+    shared["tie_word_embeddings"] = config.tie_word_embeddings and config.residual_size == config.hidden_size
+    biased = config.attention_bias
+    if config.is_moe:
+        _require_twin(config.qk_norm == "full" and not config.mlp_bias, config, "OLMoE (full-width q/k norm)")
+        _require_twin(biased == config.attention_output_bias, config, "OLMoE (one attention_bias for q/k/v/o)")
+        return OlmoeConfig(
+            **shared,
+            intermediate_size=config.moe_intermediate_size,
+            num_experts=config.num_experts,
+            num_experts_per_tok=config.num_experts_per_tok,
+            norm_topk_prob=config.norm_topk_prob,
+            router_aux_loss_coef=config.router_aux_loss_coef,
+            output_router_logits=config.output_router_logits,
+            attention_bias=biased,
+            clip_qkv=config.clip_qkv,
+        )
+    _require_twin(config.clip_qkv is None, config, "Llama / Qwen3 (no clip_qkv)")
+    if config.qk_norm is None:
+        _require_twin(biased == config.attention_output_bias, config, "Llama (one attention_bias for q/k/v/o)")
+        return LlamaConfig(
+            **shared, intermediate_size=config.intermediate_size, attention_bias=biased, mlp_bias=config.mlp_bias
+        )
+    _require_twin(config.qk_norm == "per_head" and not config.mlp_bias, config, "Qwen3 (per-head q/k norm)")
+    _require_twin(biased == config.attention_output_bias, config, "Qwen3 (one attention_bias for q/k/v/o)")
+    return Qwen3Config(**shared, intermediate_size=config.intermediate_size, attention_bias=biased)
+
+
+def _require_twin(ok: bool, config: HiResConfig, family: str) -> None:
+    if not ok:
+        raise ValueError(
+            f"No transformers twin for this HiRes layer (qk_norm={config.qk_norm!r}, num_experts={config.num_experts},"
+            f" attention_bias={config.attention_bias}, attention_output_bias={config.attention_output_bias},"
+            f" mlp_bias={config.mlp_bias}, clip_qkv={config.clip_qkv}): the matching family would be {family}."
+        )
+
+
+__all__ = ["vanilla_config"]

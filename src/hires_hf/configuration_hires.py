@@ -27,6 +27,15 @@ WRITE_MODES = ("output", "delta")
 PROJECTION_INITS = ("normal", "identity")
 QK_NORMS = (None, "per_head", "full")
 
+# Every saved folder names all its classes, whichever one saved it, so that the folder loads as remote code
+# through any of these Auto classes (transformers only adds the saving class on its own).
+HUB_AUTO_MAP = {
+    "AutoConfig": "configuration_hires.HiResConfig",
+    "AutoModel": "modeling_hires.HiResModel",
+    "AutoModelForCausalLM": "modeling_hires.HiResForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_hires.HiResForSequenceClassification",
+}
+
 
 @strict
 class HiResConfig(PreTrainedConfig):
@@ -127,6 +136,8 @@ class HiResConfig(PreTrainedConfig):
         if self.num_experts and self.moe_intermediate_size is None:
             self.moe_intermediate_size = self.intermediate_size
         super().__post_init__(**kwargs)
+        if getattr(self, "auto_map", None) is None:
+            self.auto_map = dict(HUB_AUTO_MAP)
 
     # ------------------------------------------------------------------ derived values
     @property

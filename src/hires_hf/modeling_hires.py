@@ -323,6 +323,18 @@ class HiResDecoderLayer(GradientCheckpointingLayer):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
+class HiResProjection(nn.Linear):
+    """A bias-free map between the layer width d and the stream width D (read, write, read-out).
+
+    Its own class so that `_init_weights` can find it: with `projection_init="identity"` it starts as the
+    rectangular identity ([I_d | 0] to read, [I_d ; 0] to write): the first d coordinates of the wide stream
+    are then the vanilla residual stream.
+    """
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features, bias=False)
+
+
 class HiResBlock(nn.Module):
     """k vanilla layers between a read from and a write into the D-wide stream, closed by a PostNorm over D."""
 
@@ -330,9 +342,9 @@ class HiResBlock(nn.Module):
         super().__init__()
         d, wide, k = config.hidden_size, config.residual_size, config.layers_per_block
         self.write_delta = config.write_mode == "delta"
-        self.read_proj = nn.Linear(wide, d, bias=False)
+        self.read_proj = HiResProjection(wide, d)
         self.layers = nn.ModuleList(HiResDecoderLayer(config, block_idx * k + i) for i in range(k))
-        self.write_proj = nn.Linear(d, wide, bias=False)
+        self.write_proj = HiResProjection(d, wide)
         self.outer_norm = HiResRMSNorm(wide, eps=config.rms_norm_eps) if config.outer_norm else None
 
     def forward(self, residual: torch.Tensor, **layer_kwargs) -> torch.Tensor:
@@ -372,11 +384,8 @@ class HiResPreTrainedModel(PreTrainedModel):
             init.normal_(module.down_proj, mean=0.0, std=std)
         elif isinstance(module, HiResTopKRouter):
             init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, HiResBlock) and self.config.projection_init == "identity":
-            init.eye_(module.read_proj.weight)  # [I_d | 0]: read the first d coordinates
-            init.eye_(module.write_proj.weight)  # [I_d ; 0]: write into them
-        elif isinstance(module, HiResModel) and self.config.projection_init == "identity":
-            init.eye_(module.read_out.weight)
+        elif isinstance(module, HiResProjection) and self.config.projection_init == "identity":
+            init.eye_(module.weight)
 
 
 class HiResModel(HiResPreTrainedModel):
@@ -388,7 +397,7 @@ class HiResModel(HiResPreTrainedModel):
         self.vocab_size = config.vocab_size
         self.embed_tokens = nn.Embedding(config.vocab_size, config.residual_size, self.padding_idx)
         self.blocks = nn.ModuleList(HiResBlock(config, b) for b in range(config.num_blocks))
-        self.read_out = nn.Linear(config.residual_size, config.hidden_size, bias=False)
+        self.read_out = HiResProjection(config.residual_size, config.hidden_size)
         self.norm = HiResRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = HiResRotaryEmbedding(config)
         self.gradient_checkpointing = False

@@ -1,7 +1,8 @@
 """Vanilla twins: the transformers model with the same d-wide layers as a HiRes config.
 
 A twin is what HiRes is compared against (same compute width, depth, heads and FFN; residual stream of
-width d, no blocks). Dense layers without q/k norm are Llama, per-head q/k norm is Qwen3, MoE with
+width d, no blocks). Dense layers without q/k norm are Llama (Qwen2 with q/k/v-only bias), per-head q/k
+norm is Qwen3, MoE with
 full-width q/k norm is OLMoE.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformers import LlamaConfig, OlmoeConfig, PreTrainedConfig, Qwen3Config
+from transformers import LlamaConfig, OlmoeConfig, PreTrainedConfig, Qwen2Config, Qwen3Config
 
 from .configuration_hires import HiResConfig
 
@@ -53,6 +54,9 @@ def vanilla_config(config: HiResConfig) -> PreTrainedConfig:
             clip_qkv=config.clip_qkv,
         )
     _require_twin(config.clip_qkv is None, config, "Llama / Qwen3 (no clip_qkv)")
+    if config.qk_norm is None and biased and not config.attention_output_bias:
+        _require_twin(not config.mlp_bias, config, "Qwen2 (q/k/v bias, no o bias)")
+        return Qwen2Config(**shared, intermediate_size=config.intermediate_size)
     if config.qk_norm is None:
         _require_twin(biased == config.attention_output_bias, config, "Llama (one attention_bias for q/k/v/o)")
         return LlamaConfig(

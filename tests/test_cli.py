@@ -1,0 +1,49 @@
+"""The `hires-hf` command line: commands registered, bad input reported in one line with exit code 2."""
+
+import json
+
+import pytest
+
+from hires_hf.cli import build_parser, main
+
+
+def test_info_prints_costs_next_to_the_vanilla_twin(capsys: pytest.CaptureFixture) -> None:
+    assert main(["info", "tiny", "--seq-len", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "vanilla twin" in out and "HiRes (D=128, k=2)" in out and "overhead" in out
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["info", "no-such-preset"], "neither a preset"),
+        (["info", "{folder}"], "'llama' model, not HiRes"),
+        (["info", "{broken}"], "not valid JSON"),
+    ],
+    ids=["unknown-preset", "foreign-config", "corrupt-config"],
+)
+def test_bad_input_is_one_line_and_exit_code_2(argv, fragment, tmp_path, capsys) -> None:
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "broken.json").write_text("{not json")
+    paths = {"folder": tmp_path / "llama", "broken": tmp_path / "broken.json"}
+    assert main([arg.format(**paths) for arg in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_invalid_config_file_reports_the_field(tmp_path, capsys) -> None:
+    from hires_hf import HiResConfig
+
+    fields = HiResConfig.from_preset("tiny").to_dict() | {"layers_per_block": 3}
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    assert main(["info", str(tmp_path)]) == 2
+    assert "layers_per_block=3" in capsys.readouterr().err
+
+
+def test_every_subcommand_has_a_handler() -> None:
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.dest == "command")
+    assert "info" in subparsers.choices
+    for name, sub in subparsers.choices.items():
+        assert sub.get_default("func") is not None, name

@@ -72,6 +72,10 @@ def test_defaults_follow_the_spec() -> None:
     assert (config.write_mode, config.outer_norm, config.projection_init) == ("output", True, "normal")
     assert config.head_dim == 16 and config.num_key_value_heads == 4
     assert not config.is_moe
+    assert config.router_aux_loss_coef == 0.0  # nothing to balance: tools (TRL) read a non-zero value as "MoE"
+    assert config.embedding_size == 128  # the embedding is D wide; vLLM sizes it from this name
+    moe = HiResConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=8, num_experts=4, num_experts_per_tok=2)
+    assert moe.router_aux_loss_coef == 0.01 and moe.moe_intermediate_size == moe.intermediate_size
 
 
 def test_olmoe_preset_has_the_released_shape() -> None:

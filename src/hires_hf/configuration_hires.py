@@ -50,7 +50,8 @@ class HiResConfig(PreTrainedConfig):
 
     model_type = "hires"
     keys_to_ignore_at_inference = ["cache"]
-    attribute_map = {"num_local_experts": "num_experts"}
+    # `embedding_size` is what vLLM (and other tools) read for the embedding width: here it is D, not d.
+    attribute_map = {"num_local_experts": "num_experts", "embedding_size": "residual_size"}
 
     # Module names are the real ones of modeling_hires.py: layers live inside blocks.
     base_model_tp_plan = {
@@ -114,7 +115,7 @@ class HiResConfig(PreTrainedConfig):
     num_experts_per_tok: int = 0
     moe_intermediate_size: int | None = None
     norm_topk_prob: bool = False
-    router_aux_loss_coef: float = 0.01
+    router_aux_loss_coef: float | None = None  # None -> 0.01 with experts, 0.0 dense (no router to balance)
     router_z_loss_coef: float = 0.0
     output_router_logits: bool = False
 
@@ -133,6 +134,8 @@ class HiResConfig(PreTrainedConfig):
             self.num_key_value_heads = self.num_attention_heads
         if self.residual_size is None:
             self.residual_size = 2 * self.hidden_size
+        if self.router_aux_loss_coef is None:  # TRL adds an aux loss whenever this is non-zero
+            self.router_aux_loss_coef = 0.01 if self.num_experts else 0.0
         if self.num_experts and self.moe_intermediate_size is None:
             self.moe_intermediate_size = self.intermediate_size
         super().__post_init__(**kwargs)

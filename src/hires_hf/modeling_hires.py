@@ -369,7 +369,8 @@ class HiResPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flex_attn = True
     _supports_attention_backend = True
-    _can_compile_fullgraph = False  # the eager experts loop is data-dependent; dense models compile fullgraph
+    # fullgraph holds for dense and for MoE with the grouped_mm / batched_mm experts (not the eager reference loop)
+    _can_compile_fullgraph = True
     _can_record_outputs = {
         "router_logits": OutputRecorder(HiResTopKRouter, index=0),
         "hidden_states": HiResDecoderLayer,

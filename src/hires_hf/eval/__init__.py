@@ -1,0 +1,19 @@
+"""Evaluation: lm-eval-harness on HiRes folders with offline stdlib tasks, sliding-window perplexity, and
+scaling-law fits that turn a ladder of runs into HiRes's FLOPs-efficiency multiplier over vanilla.
+
+lm-eval (the `eval` extra) is imported only by `harness` functions that run it.
+"""
+
+from .perplexity import Perplexity, sliding_window_perplexity
+from .scaling import PowerLaw, Run, analyse, efficiency_multiplier, fit_power_law, read_runs
+
+__all__ = [
+    "Perplexity",
+    "PowerLaw",
+    "Run",
+    "analyse",
+    "efficiency_multiplier",
+    "fit_power_law",
+    "read_runs",
+    "sliding_window_perplexity",
+]

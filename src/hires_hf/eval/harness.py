@@ -1,0 +1,200 @@
+"""lm-eval-harness glue: evaluate one or several model folders (or Hub ids) on tasks, side by side.
+
+`import hires_hf` registers HiRes with the Auto classes, so lm-eval's own `hf` model (HFLM) loads a HiRes
+folder without remote code; the offline tasks shipped in `tasks/` are always on the include path. lm-eval is
+the optional `eval` extra and is imported only when evaluating.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import HiResUserError  # importing hires_hf.* runs hires_hf/__init__, which registers HiRes
+
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+OFFLINE_TASKS = ("stdlib_next_line", "stdlib_perplexity")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+
+
+def _require_lm_eval() -> None:
+    try:
+        import lm_eval  # noqa: F401
+    except ModuleNotFoundError as error:
+        raise HiResUserError("lm-eval is not installed; install it with `pip install 'hires-hf[eval]'`.") from error
+
+
+def check_model(spec: str, trust_remote_code: bool = False) -> None:
+    """Fail early, in one line, on a model that cannot be evaluated: no such folder, no config, no tokenizer."""
+    from transformers import AutoTokenizer
+
+    path = Path(spec)
+    if not path.exists():
+        if spec.startswith((".", "/", "~")) or not _HUB_ID.match(spec):
+            raise HiResUserError(f"model folder {spec!r} does not exist.")
+    elif not (path / "config.json").is_file():
+        raise HiResUserError(f"{spec} has no config.json; pass a folder written by save_pretrained.")
+    elif not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise HiResUserError(
+            f"model folder {spec} has no tokenizer ({' / '.join(_TOKENIZER_FILES[:2])}); "
+            "save one next to the weights with tokenizer.save_pretrained(FOLDER)."
+        )
+    try:
+        AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError) as error:
+        reason = str(error).splitlines()[0]
+        if path.exists():
+            fix = "save one next to the weights with tokenizer.save_pretrained(FOLDER)."
+            raise HiResUserError(f"cannot load a tokenizer from folder {spec!r} ({reason}); {fix}") from error
+        fix = "check the id, or download it while online (HF_HUB_OFFLINE=1 forbids downloads)."
+        raise HiResUserError(f"cannot load {spec!r} as a Hub id ({reason}); {fix}") from error
+
+
+def task_manager(tasks: Sequence[str], include_paths: Sequence[str | Path] = ()) -> Any:
+    """An lm-eval TaskManager that knows `tasks`: the offline ones plus `include_paths`, lm-eval's own if needed.
+
+    Indexing lm-eval's ~15k built-in tasks takes ~10 s, so they are only indexed when a task is not local.
+    """
+    _require_lm_eval()
+    from lm_eval.tasks import TaskManager
+
+    for path in include_paths:
+        if not Path(path).is_dir():
+            raise HiResUserError(f"include path {str(path)!r} is not a folder; pass a folder of lm-eval task YAMLs.")
+    paths = [TASKS_DIR, *map(Path, include_paths)]
+    manager = TaskManager(include_path=paths, include_defaults=False)
+    if all(task in manager.all_tasks for task in tasks):
+        return manager
+    manager = TaskManager(include_path=paths, include_defaults=True)
+    unknown = [task for task in tasks if task not in manager.all_tasks]
+    if unknown:
+        hints = difflib.get_close_matches(unknown[0], manager.all_tasks, n=3)
+        hint = f" Did you mean {', '.join(hints)}?" if hints else ""
+        raise HiResUserError(
+            f"unknown task {unknown[0]!r}.{hint} Offline tasks: {', '.join(OFFLINE_TASKS)}; "
+            "add your own YAMLs with --include-path DIR."
+        )
+    return manager
+
+
+def evaluate(
+    model: str,
+    tasks: Sequence[str],
+    manager: Any,
+    *,
+    limit: int | float | None = None,
+    batch_size: int = 8,
+    num_fewshot: int | None = None,
+    device: str | None = None,
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    bootstrap_iters: int = 1000,
+) -> dict[str, Any]:
+    """One model's lm-eval results (the dict `simple_evaluate` returns, without per-sample logs)."""
+    import lm_eval
+    import torch
+
+    model_args = {"pretrained": model, "dtype": dtype, "trust_remote_code": trust_remote_code}
+    results = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=model_args,
+        tasks=list(tasks),
+        num_fewshot=num_fewshot,
+        batch_size=batch_size,
+        device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
+        limit=limit,
+        bootstrap_iters=bootstrap_iters,
+        log_samples=False,
+        task_manager=manager,
+    )
+    if results is None:  # only non-zero ranks of a distributed run get None
+        return {}
+    results.pop("samples", None)
+    return results
+
+
+def _metrics(task_results: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(metric, value, stderr) for one task; lm-eval keys them 'metric,filter' and 'metric_stderr,filter'."""
+    rows = []
+    for key, value in task_results.items():
+        if "," not in key or "_stderr," in key:
+            continue
+        metric, filter_name = key.split(",", 1)
+        stderr = task_results.get(f"{metric}_stderr,{filter_name}")
+        name = metric if filter_name == "none" else f"{metric} ({filter_name})"
+        rows.append((name, value, stderr))
+    return rows
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4g}"
+    return "" if value in (None, "N/A") else str(value)
+
+
+def model_labels(models: Sequence[str]) -> list[str]:
+    """Short column names: the folder's name, or the whole spec where two names would collide."""
+    names = [Path(model.rstrip("/")).name or model for model in models]
+    return [name if names.count(name) == 1 else model for name, model in zip(names, models)]
+
+
+def results_table(results_by_model: dict[str, dict[str, Any]]) -> str:
+    """A markdown table: one row per (task, metric), a value and a stderr column per model."""
+    models = list(results_by_model)
+    labels = model_labels(models)
+    rows: dict[tuple[str, str], dict[str, tuple[Any, Any]]] = {}
+    for model in models:
+        for task, task_results in results_by_model[model].get("results", {}).items():
+            for metric, value, stderr in _metrics(task_results):
+                rows.setdefault((task, metric), {})[model] = (value, stderr)
+    header = ["task", "metric"]
+    for label in labels:
+        header += [label, "stderr"] if len(models) > 1 else ["value", "stderr"]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|---:|" * len(models)]
+    for (task, metric), by_model in rows.items():
+        cells = [task, metric]
+        for model in models:
+            value, stderr = by_model.get(model, (None, None))
+            cells += [_number(value), _number(stderr)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder, then rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(handle, "w", encoding="utf-8") as file:
+        file.write(text)
+    os.chmod(temporary, 0o644)
+    os.replace(temporary, path)
+
+
+def write_results(out: Path, results_by_model: dict[str, dict[str, Any]], table: str) -> tuple[Path, Path]:
+    """The full results as JSON at `out` and the table as markdown next to it (same name, `.md`)."""
+    from lm_eval.utils import handle_non_serializable
+
+    markdown = out.with_suffix(".md")
+    write_atomic(out, json.dumps({"models": results_by_model}, indent=2, default=handle_non_serializable) + "\n")
+    write_atomic(markdown, table + "\n")
+    return out, markdown
+
+
+__all__ = [
+    "OFFLINE_TASKS",
+    "TASKS_DIR",
+    "check_model",
+    "evaluate",
+    "model_labels",
+    "results_table",
+    "task_manager",
+    "write_atomic",
+    "write_results",
+]

@@ -7,6 +7,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# Tiny models: one thread per process beats two spinning threads (torchrun tests start two processes).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch

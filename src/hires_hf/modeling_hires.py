@@ -459,7 +459,8 @@ def load_balancing_loss(
     """Switch-Transformer balance loss over all MoE layers, as OLMoE computes it.
 
     E * sum_e f_e * P_e, where f_e is the share of (token, slot) assignments to expert e times K and P_e the
-    mean router probability of e; padding tokens (attention_mask == 0) are left out. 1.0 at perfect balance.
+    mean router probability of e; padding tokens (attention_mask == 0) are left out. Equals K (num_experts_per_tok)
+    at perfect balance.
     """
     logits = torch.cat([layer.float() for layer in router_logits], dim=0)  # (layers * tokens, E)
     num_experts = logits.shape[-1]

@@ -17,10 +17,10 @@ import os
 import platform
 import random
 import re
-import sysconfig
 import tempfile
-import zlib
 from pathlib import Path
+
+from ...stdlib_corpus import is_held_out, read_utf8, stdlib_sources
 
 TASKS_DIR = Path(__file__).resolve().parent
 NEXT_LINE_FILE = "stdlib_next_line.jsonl"
@@ -31,27 +31,15 @@ _NAME = re.compile(r"[A-Za-z_]\w{2,}")  # identifiers of 3+ characters
 _SKIPPED_PARTS = {"site-packages", "test", "tests", "idle_test", "encodings", "__pycache__"}
 
 
-def is_held_out(relative_path: str) -> bool:
-    """Whether a stdlib file (path relative to the stdlib root, '/'-separated) belongs to the evaluation split.
-
-    A hash of the path, not of the content, so the split stays the same across Python versions.
-    """
-    return zlib.crc32(relative_path.encode()) % 10 == 0
-
-
 def held_out_sources(stdlib_dir: Path | None = None) -> dict[str, list[str]]:
     """The held-out stdlib files as {relative path: lines without trailing whitespace}, in sorted order."""
-    root = Path(stdlib_dir or sysconfig.get_paths()["stdlib"])
     sources = {}
-    for path in sorted(root.rglob("*.py")):
-        relative = path.relative_to(root).as_posix()
-        if _SKIPPED_PARTS.intersection(path.relative_to(root).parts) or not is_held_out(relative):
+    for relative, path in stdlib_sources(stdlib_dir).items():
+        if _SKIPPED_PARTS.intersection(relative.split("/")) or not is_held_out(relative):
             continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        sources[relative] = [line.rstrip() for line in text.splitlines()]
+        text = read_utf8(path)
+        if text is not None:
+            sources[relative] = [line.rstrip() for line in text.splitlines()]
     return sources
 
 

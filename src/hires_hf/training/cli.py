@@ -1,0 +1,204 @@
+"""`hires-hf train` and `hires-hf demo`: argument parsing and error messages; the work is in trainer.py / demo.py.
+
+Multi-process: `torchrun --nproc_per_node N -m hires_hf.cli train ...` runs DDP (gloo on CPU); add `--fsdp` for
+native FSDP2 sharding over the N processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..configuration_hires import PRESETS
+from ..errors import HiResUserError
+from ..info import load_config
+from .data import Corpus, PackedDataset, load_default_corpus, load_hub_dataset, load_text_files, pack
+from .demo import DemoSettings, run_demo
+from .tokenizer import build_tokenizer, encode_documents, load_tokenizer, special_token_ids
+from .trainer import ensure_writable, require_checkpoint, train_model
+
+
+def run_train(args: argparse.Namespace) -> int:
+    _set_threads(args.threads)
+    output_dir = Path(args.output_dir)
+    ensure_writable(output_dir)
+    if args.resume:
+        require_checkpoint(output_dir)  # before reading any data
+    config = load_config(args.model)
+    pretrained = Path(args.model).is_dir()
+    if args.override:
+        if pretrained:
+            raise HiResUserError("--override changes the architecture; it applies to a preset or a config.json only.")
+        config = type(config).from_dict({**config.to_dict(), **_parse_overrides(args.override, config.to_dict())})
+    corpus = _load_corpus(args)
+    tokenizer = _tokenizer_for(args, config, corpus, output_dir)
+    if not pretrained:  # a fresh model names the tokenizer's own special tokens (generation stops on eos)
+        config = type(config).from_dict({**config.to_dict(), **special_token_ids(tokenizer)})
+    train_data = PackedDataset(pack(encode_documents(tokenizer, corpus.train), args.block_size, tokenizer.eos_token_id))
+    eval_blocks = pack(encode_documents(tokenizer, corpus.validation), args.block_size, tokenizer.eos_token_id)
+    eval_data = PackedDataset(eval_blocks[: args.eval_blocks])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    result = train_model(
+        args.model if pretrained else config,
+        tokenizer,
+        train_data,
+        eval_data,
+        output_dir=output_dir,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        learning_rate=args.lr,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        eval_steps=args.eval_steps,
+        save_steps=args.save_steps,
+        seed=args.seed,
+        resume=args.resume,
+        max_seconds=args.max_minutes * 60 if args.max_minutes else None,
+        bf16=args.bf16,
+        tf32=args.tf32,
+        activation_checkpointing=args.activation_checkpointing,
+        fsdp_size=world if args.fsdp else None,
+    )
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(
+            f"validation loss {result.final_eval_loss:.4f} after {result.tokens_seen:,} tokens "
+            f"({result.flops:.3e} counted training FLOPs, {result.tokens_per_second:,.0f} tokens/s); "
+            f"model saved to {result.model_dir}"
+        )
+    return 0
+
+
+def run_demo_command(args: argparse.Namespace) -> int:
+    _set_threads(args.threads)
+    if args.budget_minutes <= 0:
+        raise HiResUserError(f"--budget-minutes must be positive, got {args.budget_minutes}.")
+    if args.preset not in PRESETS:
+        raise HiResUserError(f"Unknown preset {args.preset!r}; available: {', '.join(sorted(PRESETS))}.")
+    options: dict[str, Any] = {"preset": args.preset, "budget_minutes": args.budget_minutes, "seed": args.seed}
+    settings = DemoSettings.smoke(**options) if args.smoke else DemoSettings(**options)
+    run_demo(args.output_dir, settings)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+def _set_threads(threads: int | None) -> None:
+    """Tiny models run fastest on one thread when the CPU is shared (threads spin-wait on each other)."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def _parse_overrides(items: list[str], fields: dict[str, Any]) -> dict[str, Any]:
+    overrides = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in fields:
+            raise HiResUserError(
+                f"--override {item!r}: expected FIELD=VALUE naming a config field (e.g. vocab_size=1024)."
+            )
+        try:
+            overrides[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[key] = raw  # a bare string such as write_mode=delta
+    return overrides
+
+
+def _load_corpus(args: argparse.Namespace) -> Corpus:
+    if args.dataset:
+        return load_hub_dataset(args.dataset, args.dataset_config, args.text_field, max_chars=args.max_chars)
+    if args.data:
+        return load_text_files(args.data, args.validation_data, max_chars=args.max_chars, text_field=args.text_field)
+    if args.validation_data:
+        raise HiResUserError("--validation-data needs --data (the default corpus has its own validation split).")
+    return load_default_corpus(max_chars=args.max_chars)
+
+
+def _tokenizer_for(args: argparse.Namespace, config, corpus: Corpus, output_dir: Path):
+    """--tokenizer, else the model folder's own tokenizer, else a BPE trained on the data (shared by all ranks)."""
+    if args.tokenizer:
+        return load_tokenizer(args.tokenizer)
+    if Path(args.model).is_dir() and (Path(args.model) / "tokenizer.json").is_file():
+        return load_tokenizer(args.model)
+    folder = output_dir / "tokenizer"
+    if args.resume and (folder / "tokenizer.json").is_file():
+        return load_tokenizer(folder)  # the one the checkpoints were trained with
+    vocab_size = args.vocab_size or config.vocab_size
+    if _rank() == 0:
+        tokenizer = build_tokenizer(corpus.train, vocab_size=vocab_size, sample_chars=args.tokenizer_sample_chars)
+        staging = folder.with_name("tokenizer.tmp")
+        tokenizer.save_pretrained(staging)
+        if folder.exists():
+            shutil.rmtree(folder)
+        staging.rename(folder)
+    _barrier()
+    return load_tokenizer(folder)
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _barrier() -> None:
+    """Make other ranks wait for rank 0's tokenizer; sets up the process group the Trainer then reuses."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    if not torch.distributed.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    torch.distributed.barrier()
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    presets = ", ".join(sorted(PRESETS))
+    train = subparsers.add_parser("train", help="train a HiRes model with the HF Trainer (torchrun for DDP / FSDP2)")
+    train.add_argument("--model", default="tiny", help=f"preset ({presets}), config.json, or a model folder")
+    train.add_argument("--override", action="append", default=[], metavar="FIELD=VALUE", help="config field")
+    data = train.add_argument_group("data (default: the Python standard library's sources, split by file)")
+    data.add_argument("--data", nargs="+", help="text / jsonl files or folders")
+    data.add_argument("--validation-data", nargs="+", help="validation files (default: a hashed split of --data)")
+    data.add_argument("--dataset", help="a `datasets` name (needs the network and the datasets package)")
+    data.add_argument("--dataset-config", help="the dataset's configuration name")
+    data.add_argument("--text-field", default="text", help="column holding the text (jsonl and datasets)")
+    data.add_argument("--max-chars", type=int, help="read at most this many characters of text")
+    data.add_argument("--block-size", type=int, default=128, help="tokens per packed training block")
+    data.add_argument("--eval-blocks", type=int, default=128, help="validation blocks used per evaluation")
+    tok = train.add_argument_group("tokenizer")
+    tok.add_argument("--tokenizer", help="an existing tokenizer folder (default: train a byte-level BPE)")
+    tok.add_argument("--vocab-size", type=int, help="BPE vocabulary size (default: the model's vocab_size)")
+    tok.add_argument("--tokenizer-sample-chars", type=int, default=2_000_000, help="text the BPE is trained on")
+    opt = train.add_argument_group("optimisation")
+    opt.add_argument("--max-steps", type=int, default=1000)
+    opt.add_argument("--max-minutes", type=float, help="stop (and evaluate) after this much wall clock")
+    opt.add_argument("--batch-size", type=int, default=16, help="blocks per device per step")
+    opt.add_argument("--grad-accum", type=int, default=1)
+    opt.add_argument("--lr", type=float, default=1e-3)
+    opt.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default 5%% of --max-steps)")
+    opt.add_argument("--weight-decay", type=float, default=0.1)
+    opt.add_argument("--eval-steps", type=int, help="evaluate every N steps (default: 10 evaluations)")
+    opt.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: none)")
+    opt.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
+    opt.add_argument("--seed", type=int, default=0)
+    hw = train.add_argument_group("hardware")
+    hw.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
+    hw.add_argument("--tf32", action="store_true", help="TF32 matmuls (Ampere+ GPUs)")
+    hw.add_argument("--activation-checkpointing", action="store_true", help="recompute activations in backward")
+    hw.add_argument("--fsdp", action="store_true", help="shard with native FSDP2 over the torchrun processes")
+    hw.add_argument("--threads", type=int, help="torch CPU threads")
+    train.add_argument("--output-dir", default="runs/train", help="checkpoints/, model/, train_result.json")
+    train.set_defaults(func=run_train)
+
+    demo = subparsers.add_parser("demo", help="train tiny HiRes vs its vanilla twin at equal counted FLOPs")
+    demo.add_argument("--budget-minutes", type=float, default=5.0, help="wall clock for the whole demo")
+    demo.add_argument("--smoke", action="store_true", help="a seconds-long run (tiny data and steps) for tests")
+    demo.add_argument("--preset", default="tiny", help=f"HiRes preset ({presets})")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a shared CPU)")
+    demo.add_argument("--output-dir", default="runs/demo", help="table.md, loss_vs_flops.png, hires/, vanilla/")
+    demo.set_defaults(func=run_demo_command)

@@ -1,0 +1,459 @@
+"""HF Trainer wiring for HiRes (and its vanilla twins): one call from a model + packed data to a trained folder.
+
+What this adds to a plain `Trainer`:
+- counted training FLOPs (hires_hf.accounting) next to every logged loss, so runs compare on compute;
+- MoE router losses (load-balancing `aux_loss`, `z_loss`) logged on their own, and validation loss that is the
+  language-model loss alone (comparable between dense, MoE and vanilla models);
+- an optional wall-clock budget, agreed by all ranks;
+- multi-process: DDP under `torchrun` (gloo on CPU), or native FSDP2 through transformers'
+  `DistributedConfig(fsdp_size=...)`. Evaluation before training goes through `eval_on_start`, never an
+  `evaluate()` call before `train()`, which would leave multi-process ranks unwrapped and diverging.
+- the final model (with its tokenizer) written to `<output_dir>/model` via a temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+from transformers import (
+    AutoModelForCausalLM,
+    PreTrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    ProgressCallback,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+    set_seed,
+)
+from transformers.trainer_utils import get_last_checkpoint
+
+from ..accounting import forward_flops_per_token
+from ..configuration_hires import HiResConfig
+from ..errors import HiResUserError
+from .tokenizer import check_vocab
+
+ROUTER_LOSSES = ("aux_loss", "z_loss")
+
+
+@dataclass
+class TrainResult:
+    """What a run produced. `history` rows: step, tokens, flops (counted, training) and the losses logged there."""
+
+    final_eval_loss: float
+    history: list[dict[str, float]]
+    tokens_seen: int
+    flops: float
+    flops_per_token: float
+    params: int
+    train_seconds: float
+    tokens_per_second: float
+    model_dir: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    model: PreTrainedModel | None = field(default=None, repr=False, compare=False)  # the trained model, in memory
+
+    def eval_curve(self) -> tuple[list[float], list[float]]:
+        """(counted training FLOPs, validation loss) at each evaluation."""
+        rows = [row for row in self.history if "eval_loss" in row]
+        return [row["flops"] for row in rows], [row["eval_loss"] for row in rows]
+
+    def to_json(self) -> dict[str, Any]:
+        fields = {name: value for name, value in vars(self).items() if name != "model"}
+        return {**fields, "model_dir": str(self.model_dir) if self.model_dir else None}
+
+
+# ---------------------------------------------------------------------------------------------------- FLOPs
+def train_flops_per_token(config: PreTrainedConfig, seq_len: int) -> float:
+    """Counted training FLOPs per token (3 x forward, HIRES.md §6) of a HiRes config or a vanilla twin's config."""
+    if isinstance(config, HiResConfig):
+        return 3.0 * forward_flops_per_token(config, seq_len)
+    return 3.0 * forward_flops_per_token(_as_hires_shape(config), seq_len, vanilla=True)
+
+
+def _as_hires_shape(config: PreTrainedConfig) -> HiResConfig:
+    """The HiRes config whose vanilla layers are those of a Llama / Qwen3 / OLMoE config (for FLOP counting)."""
+    experts = getattr(config, "num_experts", 0) or getattr(config, "num_local_experts", 0) or 0
+    try:
+        return HiResConfig(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.num_hidden_layers,
+            num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=config.num_key_value_heads,
+            head_dim=getattr(config, "head_dim", None),
+            num_experts=experts,
+            num_experts_per_tok=getattr(config, "num_experts_per_tok", 0) if experts else 0,
+            moe_intermediate_size=config.intermediate_size if experts else None,
+            residual_size=config.hidden_size,
+            layers_per_block=config.num_hidden_layers,
+        )
+    except (AttributeError, ValueError) as error:
+        raise HiResUserError(
+            f"Cannot count FLOPs of a {type(config).__name__}; pass flops_per_token explicitly ({error})."
+        ) from error
+
+
+# ---------------------------------------------------------------------------------------------------- callbacks
+class HistoryCallback(TrainerCallback):
+    """Keeps every log row with the tokens and counted FLOPs seen at its step."""
+
+    def __init__(self, tokens_per_step: int, flops_per_token: float) -> None:
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.rows: list[dict[str, float]] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
+        tokens = state.global_step * self.tokens_per_step
+        row = {"step": state.global_step, "tokens": tokens, "flops": tokens * self.flops_per_token}
+        row.update({key: float(value) for key, value in (logs or {}).items() if isinstance(value, (int, float))})
+        self.rows.append(row)
+
+
+class LossBarCallback(ProgressCallback):
+    """Trainer's progress bar, with the latest losses as its postfix instead of a printed dict per log."""
+
+    SHOWN = ("loss", "eval_loss", *ROUTER_LOSSES)
+
+    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
+        if state.is_world_process_zero and self.training_bar is not None:
+            self.postfix = {**getattr(self, "postfix", {}), **{k: f"{logs[k]:.4g}" for k in self.SHOWN if k in logs}}
+            self.training_bar.set_postfix(self.postfix, refresh=False)
+
+
+class StopCallback(TrainerCallback):
+    """Ends training at `max_seconds` of wall clock (all ranks together) and always evaluates the last step."""
+
+    def __init__(self, max_seconds: float | None) -> None:
+        self.max_seconds = max_seconds
+        self.start = time.perf_counter()
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        if self.max_seconds is not None and _any_rank(time.perf_counter() - self.start > self.max_seconds):
+            control.should_training_stop = True
+        if control.should_training_stop or state.global_step >= state.max_steps:
+            control.should_evaluate = True
+
+
+def _any_rank(flag: bool) -> bool:
+    """True on every rank when it is true on one: ranks must stop at the same step or they deadlock."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return flag
+    value = torch.tensor([float(flag)])
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return bool(value.item())
+
+
+# ---------------------------------------------------------------------------------------------------- trainer
+class HiResTrainer(Trainer):
+    """A Trainer that logs MoE router losses separately and evaluates the language-model loss alone."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        config = self.model.config
+        self.is_moe = bool(getattr(config, "num_experts", 0) or getattr(config, "num_local_experts", 0))
+        self.router_sums = dict.fromkeys(ROUTER_LOSSES, 0.0)
+        self.router_count = 0
+        self.eval_seconds = 0.0
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.is_moe and model.training:
+            inputs = {**inputs, "output_router_logits": True}  # adds coef * (aux, z) to the training loss
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+        if model.training and self.is_moe:
+            for name in ROUTER_LOSSES:
+                value = outputs.get(name) if isinstance(outputs, dict) else getattr(outputs, name, None)
+                if value is not None:
+                    self.router_sums[name] += float(value.detach())
+            self.router_count += 1
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if "loss" in logs and self.router_count:
+            for name, total in self.router_sums.items():
+                if total:
+                    logs[name] = round(total / self.router_count, 6)
+            self.router_sums = dict.fromkeys(ROUTER_LOSSES, 0.0)
+            self.router_count = 0
+        super().log(logs, *args, **kwargs)
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        start = time.perf_counter()
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            self.eval_seconds += time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------------------------------- entry point
+def train_model(
+    model: PreTrainedConfig | PreTrainedModel | str | Path,
+    tokenizer: PreTrainedTokenizerBase,
+    train_data: Dataset,
+    eval_data: Dataset,
+    *,
+    output_dir: str | Path,
+    max_steps: int,
+    batch_size: int = 8,
+    gradient_accumulation_steps: int = 1,
+    learning_rate: float = 1e-3,
+    warmup_steps: int | None = None,
+    weight_decay: float = 0.1,
+    eval_steps: int | None = None,
+    logging_steps: int | None = None,
+    save_steps: int = 0,
+    seed: int = 0,
+    resume: bool = False,
+    max_seconds: float | None = None,
+    flops_per_token: float | None = None,
+    bf16: bool = False,
+    tf32: bool = False,
+    activation_checkpointing: bool = False,
+    fsdp_size: int | None = None,
+    callbacks: Sequence[TrainerCallback] = (),
+    progress: bool = True,
+    save_model: bool = True,
+) -> TrainResult:
+    """Train a causal LM on packed blocks with AdamW + warmup + cosine; evaluate on `eval_data`.
+
+    `model`: a config (trained from scratch, seeded by `seed`), a model, or a folder to continue from.
+    `max_steps` optimizer steps (or fewer if `max_seconds` runs out); `eval_steps` defaults to ~10 evaluations
+    per run, `warmup_steps` to 5% of the steps, `save_steps=0` writes no checkpoints (`resume` needs them).
+    `fsdp_size` > 1 shards the model with native FSDP2 (under torchrun); otherwise several torchrun processes
+    run DDP. The model, with `tokenizer`, is saved to `<output_dir>/model` unless `save_model=False`.
+    """
+    output_dir = Path(output_dir)
+    ensure_writable(output_dir)
+    block_size = int(train_data[0]["input_ids"].shape[-1])
+    fsdp = bool(fsdp_size and fsdp_size > 1)
+    if fsdp and resume:
+        raise HiResUserError("--resume is not available with FSDP2 (transformers cannot checkpoint its optimizer).")
+    checkpoints = output_dir / "checkpoints"
+    if resume:
+        require_checkpoint(output_dir)
+
+    args = _training_arguments(
+        checkpoints,
+        max_steps=max_steps,
+        batch_size=batch_size,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        learning_rate=learning_rate,
+        warmup_steps=max(1, round(0.05 * max_steps)) if warmup_steps is None else warmup_steps,
+        weight_decay=weight_decay,
+        eval_steps=eval_steps or max(1, max_steps // 10),
+        logging_steps=logging_steps or max(1, max_steps // 50),
+        save_steps=save_steps,
+        seed=seed,
+        bf16=bf16,
+        tf32=tf32,
+        activation_checkpointing=activation_checkpointing,
+        fsdp=fsdp,
+        progress=progress,
+    )
+    model = _build_model(model, args, seed, fsdp_size if fsdp else None, output_dir)
+    check_vocab(tokenizer, model.config)
+    if flops_per_token is None:
+        flops_per_token = train_flops_per_token(model.config, block_size)
+    tokens_per_step = batch_size * gradient_accumulation_steps * args.world_size * block_size
+    history = HistoryCallback(tokens_per_step, flops_per_token)
+    trainer = HiResTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_data,
+        eval_dataset=eval_data,
+        processing_class=tokenizer,
+        callbacks=[history, StopCallback(max_seconds), *callbacks],
+    )
+    if progress:
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(LossBarCallback())
+    start = time.perf_counter()
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    seconds = time.perf_counter() - start
+    params = sum(p.numel() for p in trainer.model.parameters()) if not fsdp else _global_params(trainer.model)
+
+    model_dir = _save_final(trainer, output_dir / "model") if save_model else None
+    result = _result(trainer, history, flops_per_token, tokens_per_step, params, seconds, model_dir)
+    if args.should_save:
+        _write_json_atomic(output_dir / "train_result.json", result.to_json())
+    return result
+
+
+def _training_arguments(checkpoints: Path, *, fsdp: bool, progress: bool, **options: Any) -> TrainingArguments:
+    cuda = torch.cuda.is_available()
+    save_steps = options.pop("save_steps")
+    return TrainingArguments(
+        output_dir=str(checkpoints),
+        per_device_train_batch_size=options.pop("batch_size"),
+        per_device_eval_batch_size=16,
+        lr_scheduler_type="cosine",
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        eval_strategy="steps",
+        eval_on_start=True,  # the step-0 loss, and never `evaluate()` before `train()` (see module docstring)
+        prediction_loss_only=True,
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        save_total_limit=2,
+        save_only_model=fsdp,  # transformers cannot checkpoint an FSDP2-at-load optimizer
+        report_to="none",
+        data_seed=options["seed"],
+        bf16=options.pop("bf16"),
+        tf32=options.pop("tf32") or None,
+        activation_checkpointing=options.pop("activation_checkpointing") or None,
+        use_cpu=not cuda,
+        ddp_backend="gloo" if not cuda and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+        dataloader_num_workers=0,
+        disable_tqdm=not progress,
+        log_level="warning",
+        **options,
+    )
+
+
+def _build_model(
+    spec: PreTrainedConfig | PreTrainedModel | str | Path,
+    args: TrainingArguments,
+    seed: int,
+    fsdp_size: int | None,
+    output_dir: Path,
+) -> PreTrainedModel:
+    """A fresh seeded model from a config, the model given, or a saved folder; sharded with FSDP2 if asked."""
+    set_seed(seed)
+    if isinstance(spec, PreTrainedModel):
+        if fsdp_size:
+            raise HiResUserError("FSDP2 shards a model while loading it: pass a config or a folder, not a model.")
+        return spec
+    if isinstance(spec, PreTrainedConfig):
+        if not fsdp_size:
+            return AutoModelForCausalLM.from_config(spec)
+        folder = output_dir / "init"  # FSDP2 loads through from_pretrained: write the seeded init once
+        with args.main_process_first(local=False, desc="initial weights"):
+            if args.should_save:
+                AutoModelForCausalLM.from_config(spec).save_pretrained(folder)
+        spec = folder
+    folder = Path(spec)
+    if not (folder / "config.json").is_file():
+        raise HiResUserError(f"{folder} is not a model folder (no config.json).")
+    if not fsdp_size:
+        return AutoModelForCausalLM.from_pretrained(folder)
+    from transformers.distributed import DistributedConfig
+
+    model = AutoModelForCausalLM.from_pretrained(folder, distributed_config=DistributedConfig(fsdp_size=fsdp_size))
+    if folder == output_dir / "init":
+        with args.main_process_first(local=False, desc="clean up initial weights"):
+            pass  # every rank has loaded them
+        if args.should_save:
+            shutil.rmtree(folder)
+    return model
+
+
+def _global_params(model: torch.nn.Module) -> int:
+    """Parameter count of a model whose parameters may be DTensor shards."""
+    return sum(math.prod(p.shape) for p in model.parameters())
+
+
+def _save_final(trainer: Trainer, model_dir: Path) -> Path:
+    """Save model + tokenizer through a temporary folder, so `model_dir` is never half written.
+
+    The folder is written from a plain (unsharded, unwrapped) copy: saving an FSDP2 model directly would copy
+    torch's FSDP sources in place of modeling_hires.py as the remote code.
+    """
+    model = _plain_model(trainer.model)  # every rank joins: FSDP2 gathers the shards
+    if trainer.args.should_save:
+        staging = model_dir.with_name(model_dir.name + ".tmp")
+        if staging.exists():
+            shutil.rmtree(staging)
+        model.save_pretrained(staging)
+        trainer.processing_class.save_pretrained(staging)
+        if model_dir.exists():
+            shutil.rmtree(model_dir)
+        staging.rename(model_dir)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    return model_dir
+
+
+def _plain_model(model: PreTrainedModel) -> PreTrainedModel:
+    """The model itself, or for an FSDP2-sharded one a full copy of its class built from the gathered weights."""
+    if not getattr(model, "is_distributed_loading_by_transformers", False):
+        return model
+    from torch.distributed.tensor import DTensor
+
+    state = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}
+    config = type(model.config).from_dict(model.config.to_dict())  # without the distributed settings
+    plain = AutoModelForCausalLM.from_config(config)
+    plain.load_state_dict(state)
+    return plain
+
+
+def _result(trainer, history, flops_per_token, tokens_per_step, params, seconds, model_dir) -> TrainResult:
+    evals = [row for row in history.rows if "eval_loss" in row]
+    steps = trainer.state.global_step
+    tokens = steps * tokens_per_step
+    train_seconds = max(seconds - trainer.eval_seconds, 1e-9)
+    return TrainResult(
+        final_eval_loss=evals[-1]["eval_loss"] if evals else float("nan"),
+        history=history.rows,
+        tokens_seen=tokens,
+        flops=tokens * flops_per_token,
+        flops_per_token=flops_per_token,
+        params=params,
+        train_seconds=train_seconds,
+        tokens_per_second=tokens / train_seconds,
+        model_dir=model_dir,
+        extra={"steps": steps},
+        model=trainer.model,
+    )
+
+
+def require_checkpoint(output_dir: Path) -> Path:
+    """The last checkpoint of a run, or a clear error saying there is none to resume from."""
+    checkpoints = Path(output_dir) / "checkpoints"
+    last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
+    if last is None:
+        raise HiResUserError(f"--resume: no checkpoint under {checkpoints}; train with --save-steps first.")
+    return Path(last)
+
+
+def ensure_writable(folder: Path) -> None:
+    """Fail before any training if results could not be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise HiResUserError(
+            f"Cannot write to output directory {folder} ({error.strerror}); choose another."
+        ) from error
+
+
+def _write_json_atomic(path: Path, payload: Any) -> None:
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(json.dumps(payload, indent=2))
+    staging.replace(path)
+
+
+__all__ = [
+    "HiResTrainer",
+    "TrainResult",
+    "ensure_writable",
+    "require_checkpoint",
+    "train_flops_per_token",
+    "train_model",
+]

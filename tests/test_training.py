@@ -247,6 +247,9 @@ def test_demo_smoke_writes_table_plot_and_loadable_models(tmp_path, capsys):
         assert type(model).__name__ == expected
         assert AutoTokenizer.from_pretrained(tmp_path / name / "model").eos_token == "<|endoftext|>"
         assert f"--- {name} sample ---" in printed
+    downstream = (tmp_path / "downstream.md").read_text()  # the offline lm-eval tasks, both models side by side
+    header = downstream.splitlines()[0]
+    assert "stdlib_next_line" in downstream and "hires" in header and "vanilla" in header
 
 
 # ------------------------------------------------------------------------------------------ CLI errors

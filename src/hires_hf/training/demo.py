@@ -43,6 +43,7 @@ class DemoSettings:
     evaluations: int = 12
     smoke_steps: int | None = None  # fixed vanilla steps instead of a timed budget
     sample_tokens: int = 60
+    downstream_limit: int | None = 200  # docs per offline task (None: all); 0 skips the downstream tasks
     seed: int = 0
 
     @classmethod
@@ -56,6 +57,7 @@ class DemoSettings:
             evaluations=2,
             smoke_steps=6,
             sample_tokens=12,
+            downstream_limit=4,
         )
         return cls(**{**fields, **overrides})
 
@@ -67,6 +69,7 @@ class DemoResult:
     table: str
     plot: Path
     samples: dict[str, str]
+    downstream: str | None = None  # markdown table of the offline lm-eval tasks, both models side by side
 
 
 RESERVE = 0.40  # share of the budget kept for evaluation, saving, sampling, Trainer overhead and a busy CPU
@@ -126,11 +129,37 @@ def run_demo(output_dir: str | Path = "runs/demo", settings: DemoSettings | None
     plot = plot_curves(results, output_dir / "loss_vs_flops.png")
     samples = {name: sample(result.model_dir, tokenizer, settings) for name, result in results.items()}
     _write_report(output_dir, table, results, samples)
+    downstream = None
+    if settings.downstream_limit != 0:
+        downstream = evaluate_downstream({name: r.model_dir for name, r in results.items()}, output_dir, settings)
     print("\n" + table + "\n")
+    if downstream:
+        print(f"Offline downstream tasks (lm-eval; stdlib_next_line: chance 0.25):\n{downstream}\n")
     for name, text in samples.items():
         print(f"--- {name} sample ---\n{text}\n")
     print(f"Plot: {plot}\nModels: {results['hires'].model_dir}, {results['vanilla'].model_dir}")
-    return DemoResult(results["hires"], results["vanilla"], table, plot, samples)
+    return DemoResult(results["hires"], results["vanilla"], table, plot, samples, downstream)
+
+
+def evaluate_downstream(model_dirs: dict[str, Path], output_dir: Path, settings: DemoSettings) -> str | None:
+    """The offline stdlib tasks through lm-eval on every model; writes downstream.json / .md, returns the table."""
+    try:
+        import lm_eval  # noqa: F401
+    except ModuleNotFoundError:
+        print("lm-eval is not installed (pip install 'hires-hf[eval]'): skipping the downstream tasks.")
+        return None
+    from ..eval import harness
+
+    manager = harness.task_manager(harness.OFFLINE_TASKS)
+    results = {
+        name: harness.evaluate(
+            str(folder), harness.OFFLINE_TASKS, manager, limit=settings.downstream_limit, dtype="float32"
+        )
+        for name, folder in model_dirs.items()
+    }
+    table = harness.results_table(results)
+    harness.write_results(output_dir / "downstream.json", results, table)
+    return table
 
 
 def _flop_budget(
@@ -235,4 +264,12 @@ def _write_report(output_dir: Path, table: str, results: dict[str, TrainResult],
         shutil.rmtree(output_dir / name / "checkpoints", ignore_errors=True)  # the demo saves no checkpoints
 
 
-__all__ = ["DemoResult", "DemoSettings", "comparison_table", "plot_curves", "run_demo", "sample"]
+__all__ = [
+    "DemoResult",
+    "DemoSettings",
+    "comparison_table",
+    "evaluate_downstream",
+    "plot_curves",
+    "run_demo",
+    "sample",
+]

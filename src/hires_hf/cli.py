@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from huggingface_hub.errors import StrictDataclassError
 
@@ -28,6 +29,9 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # `benchmarks/` belongs to the repository checkout, not the installed package: find it from the repo root.
+    if (Path.cwd() / "benchmarks" / "cli.py").is_file() and str(Path.cwd()) not in sys.path:
+        sys.path.append(str(Path.cwd()))
     parser = argparse.ArgumentParser(prog="hires-hf", description="HiRes (Hierarchical Residuals) for transformers")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:

@@ -1,0 +1,123 @@
+"""The benchmark harness: its measurements are right on hand-checkable cases, and one tiny run writes a report."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from benchmarks import report
+from benchmarks.cost import CostSettings, measure_saved_tensors, row_specs, run_cost
+from benchmarks.gpu import GpuSettings, mfu_targets, run_gpu, train_tokens_per_second
+from benchmarks.peers import BlockAttnResForCausalLM, MHCForCausalLM
+from hires_hf.accounting import count_parameters
+
+TINY = CostSettings(
+    hidden_size=32,
+    num_layers=4,
+    num_heads=2,
+    vocab_size=128,
+    seq_len=16,
+    batch_size=2,
+    num_experts=4,
+    experts_per_tok=2,
+    layers_per_block=(2, 4),
+    width_factors=(1, 2),
+    peer_block_size=2,
+    repeats=2,
+    warmup=0,
+    prompt_len=8,
+    decode_tokens=2,
+)
+
+
+class _Probe(nn.Module):
+    """x -> relu(proj(x)) -> (.)^2, with every saved tensor predictable by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 16, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.relu(self.proj(x))  # Linear saves x (and its weight); relu saves its output
+        head = torch.sin(x[:, :4])  # saves a view of x: the same storage, counted once
+        return (hidden * hidden).sum() + head.sum()  # saves `hidden` twice: counted once
+
+
+def test_saved_bytes_count_each_storage_once_and_skip_parameters():
+    probe = _Probe()
+    x = torch.randn(4, 8, requires_grad=True)
+    total, by_module = measure_saved_tensors(lambda: probe(x), probe)
+    x_bytes, hidden_bytes = 4 * 8 * 4, 4 * 16 * 4  # float32
+    assert total == x_bytes + hidden_bytes
+    assert by_module == {"proj": x_bytes, "(top level: loss, logits)": hidden_bytes}
+
+
+@pytest.mark.parametrize("peer", [MHCForCausalLM, BlockAttnResForCausalLM], ids=["mhc", "attnres"])
+def test_peer_decoding_with_cache_matches_full_forward(peer):
+    """The decode benchmark times real cached decoding: cached logits equal a full re-forward."""
+    settings = TINY
+    twin = next(spec for spec in row_specs(settings) if spec.kind == "vanilla").build().config
+    model = peer(twin.__class__.from_dict(twin.to_dict()), 2).eval()
+    ids = torch.randint(0, settings.vocab_size, (2, 10))
+    with torch.no_grad():
+        full = model(input_ids=ids).logits
+        first = model(input_ids=ids[:, :7], use_cache=True)
+        rest = model(input_ids=ids[:, 7:], cache=first.cache, use_cache=True)
+    torch.testing.assert_close(torch.cat([first.logits, rest.logits], dim=1), full, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_tiny_cost_run_counts_what_the_accounting_predicts_and_writes_a_report(tmp_path):
+    result = run_cost(TINY, progress=False)
+    names = [row["name"] for row in result["rows"]]
+    assert names == [spec.name for spec in row_specs(TINY)]
+    assert {"Llama", "OLMoE", "mHC-4", "Block AttnRes (block=2)", "HiRes-MoE k=4 D=2d"} <= set(names)
+    for row in result["rows"]:
+        # FlopCounterMode on the real model agrees with the analytic count (matmuls, causal attention pairs).
+        assert row["counted_flops"] == pytest.approx(row["analytic_flops"], rel=1e-9), row["name"]
+        assert min(row["train_seconds"]) > 0 and min(row["decode_tokens_per_second"]) > 0
+        if row["kind"] != "vanilla":  # each timed run has its adjacent vanilla run
+            assert len(row["train_seconds"]) == len(row["reference_train_seconds"]) == TINY.repeats
+            assert len(row["decode_tokens_per_second"]) == len(row["reference_decode_tokens_per_second"])
+        if row["kind"] == "hires":
+            config = TINY.hires_config(row["family"] == "moe", row["layers_per_block"], row["width_factor"])
+            assert row["params"] == count_parameters(config)
+    summary = result["summary"]
+    assert summary["Llama"]["train_ratio"]["median"] == 1.0
+    assert summary["mHC-4"]["activation_ratio"] > summary["HiRes k=4 D=2d"]["activation_ratio"] > 1.0
+    checked = {(v["target"], v["row"]) for v in result["targets"]}
+    assert ("activation bytes vs vanilla", "HiRes k=4 D=2d") in checked
+    assert ("step time vs OLMoE", "HiRes-MoE k=2 D=1d") in checked
+
+    result |= {"command": "pytest", "environment": report.environment(), "load_average_end": 0.0}
+    report.save_json(tmp_path / "results" / "cost.json", result)
+    text = report.write_results(tmp_path).read_text()
+    assert all(f"| {name} |" in text for name in names)
+    assert "Quality half" in text and (tmp_path / "results" / "cost_ratios.png").stat().st_size > 0
+
+
+def test_bench_command_skips_gpu_without_cuda_and_rejects_bad_blocks(tmp_path, capsys):
+    from hires_hf.cli import main
+
+    assert main(["bench", "--only", "cost", "--layers", "6", "--layers-per-block", "4"]) == 2
+    assert "does not divide" in capsys.readouterr().err
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the GPU section would run for real")
+    assert main(["bench", "--only", "gpu", "--output-dir", str(tmp_path), "--quiet"]) == 0
+    assert "no CUDA device" in (tmp_path / "RESULTS.md").read_text()
+
+
+def test_gpu_throughput_loop_and_mfu_rule():
+    """The GPU measurement itself runs on any device; the MFU rule allows HiRes at most 3 points below vanilla."""
+    if not torch.cuda.is_available():
+        assert "skipped" in run_gpu(GpuSettings(), progress=False)
+    model = next(spec for spec in row_specs(TINY) if spec.name == "HiRes k=2 D=2d").build()
+    assert train_tokens_per_second(model, torch.randint(0, 128, (2, 8)), steps=1, warmup=1) > 0
+    rows = [
+        {"shape": "s", "attention": "sdpa", "vanilla": True, "mfu": 0.50},
+        {"shape": "s", "attention": "sdpa", "vanilla": False, "mfu": 0.475},
+        {"shape": "t", "attention": "sdpa", "vanilla": True, "mfu": 0.50},
+        {"shape": "t", "attention": "sdpa", "vanilla": False, "mfu": 0.46},
+    ]
+    assert [v["met"] for v in mfu_targets(rows)] == [True, False]

@@ -10,12 +10,11 @@ import sysconfig
 from collections.abc import Iterable
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from hires_hf import HiResConfig, HiResForCausalLM
+from hires_hf.training import build_tokenizer as train_bpe
 
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>"]  # ids 0, 1, 2: the tiny preset's bos=1, eos=2
 VOCAB_SIZE = 384
 
 
@@ -27,25 +26,16 @@ def stdlib_texts(max_files: int = 40, max_chars: int = 2000) -> list[str]:
 
 
 def build_tokenizer(vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
-    """A byte-level BPE with pad/bos/eos, trained on stdlib text; small enough for the tiny presets."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(stdlib_texts(), trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", model_max_length=512
-    )
+    """The package's byte-level BPE (ids 0 `<|pad|>`, 1 `<|endoftext|>`), trained on stdlib text."""
+    tokenizer = train_bpe(stdlib_texts(), vocab_size=vocab_size)
+    tokenizer.model_max_length = 512
+    return tokenizer
 
 
 def tiny_config(preset: str = "tiny", **overrides: object) -> HiResConfig:
     """A tiny preset sized to the test tokenizer, with a pad token so batches can be padded."""
-    return HiResConfig.from_preset(preset, vocab_size=VOCAB_SIZE, pad_token_id=0, **overrides)
+    ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 1, **overrides}
+    return HiResConfig.from_preset(preset, vocab_size=VOCAB_SIZE, **ids)
 
 
 def save_tiny_model(folder: Path, preset: str, tokenizer: PreTrainedTokenizerFast, **save_kwargs: object) -> Path:

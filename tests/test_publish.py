@@ -18,7 +18,6 @@ import torch
 from huggingface_hub import ModelCard
 from huggingface_hub.errors import HfHubHTTPError
 from safetensors.torch import load_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from hires_hf import HiResConfig, HiResForCausalLM
@@ -28,26 +27,17 @@ from hires_hf.cli import main
 from hires_hf.errors import HiResUserError
 from hires_hf.model_card import build_model_card
 from hires_hf.publish import publish
+from hires_hf.training import build_tokenizer, special_token_ids
 
 REPO_ID = "hires-org/hires-tiny"
 TEXT = "def read_config(path):\n    return json.loads(path.read_text())"
 
 
 def byte_level_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
-    """A small byte-level BPE trained on stdlib sources: offline, and real enough to merge common pairs."""
+    """The package's byte-level BPE, trained on a few stdlib sources: offline, and real enough to merge pairs."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     texts = [path.read_text(encoding="utf-8", errors="ignore")[:3000] for path in sorted(stdlib.glob("*.py"))[:20]]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    return build_tokenizer(texts, vocab_size=vocab_size)
 
 
 def save_source(folder: Path, preset: str) -> Path:
@@ -56,9 +46,7 @@ def save_source(folder: Path, preset: str) -> Path:
     config = HiResConfig.from_preset(
         preset,
         vocab_size=len(tokenizer),
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
+        **special_token_ids(tokenizer),
         hires_conversion={"base_model": "allenai/OLMoE-1B-7B-0924"},
         hires_training={"datasets": ["allenai/dolma"]},
     )

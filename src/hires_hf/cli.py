@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "hires_hf.info",
     "hires_hf.conversion.cli",
     "hires_hf.training.cli",
+    "hires_hf.training.ladder_cli",
     "hires_hf.eval.cli",
     "hires_hf.publish",
     "benchmarks.cli",

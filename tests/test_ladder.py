@@ -1,0 +1,141 @@
+"""The scaling ladder (`hires-hf ladder`) and the benchmarks' quality half built on it.
+
+A smoke ladder must produce a RUNS file that `hires-hf scaling` reads and fits, with each size's HiRes / twin
+pair at equal counted FLOPs; bad input must fail as one line before any training.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import hires_hf.cli as cli
+from hires_hf.errors import HiResUserError
+from hires_hf.eval.scaling import analyse, read_runs
+from hires_hf.training.ladder import LadderSettings, budgets, build_rungs, run_ladder, time_scale
+
+
+def hires_hf(argv: list[str]) -> int:
+    """`hires-hf ARGV` in this process."""
+    return cli.main(argv)
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory) -> Path:
+    """A smoke ladder (2 sizes x 2 archs x 2 seeds) through the real command line."""
+    out = tmp_path_factory.mktemp("ladder") / "runs.jsonl"
+    threads = torch.get_num_threads()
+    code = hires_hf(["ladder", "--smoke", "--seeds", "2", "--quiet", "--out", str(out)])
+    assert torch.get_num_threads() == threads  # the ladder's one thread does not leak into the caller
+    assert code == 0
+    return out
+
+
+@pytest.mark.slow
+def test_smoke_ladder_writes_runs_that_scaling_fits(smoke_runs):
+    runs = read_runs(smoke_runs)
+    assert {(run.arch, len({r.flops for r in runs if r.arch == run.arch})) for run in runs} == {
+        ("hires", 2),
+        ("vanilla", 2),
+    }
+    report = analyse(runs, bootstrap=20)
+    assert set(report.fits) == {"hires", "vanilla"}
+    (multiplier,) = report.multipliers
+    assert multiplier.value > 0 and multiplier.ci_low <= multiplier.ci_high
+
+
+@pytest.mark.slow
+def test_each_pair_spends_the_same_counted_flops(smoke_runs):
+    import json
+
+    records = [json.loads(line) for line in smoke_runs.read_text().splitlines()]
+    assert len(records) == 2 * 2 * 2
+    pairs: dict[tuple[str, int], dict[str, dict]] = {}
+    for record in records:
+        pairs.setdefault((record["size"], record["seed"]), {})[record["arch"]] = record
+    for pair in pairs.values():
+        hires, vanilla = pair["hires"], pair["vanilla"]
+        assert hires["budget_flops"] == vanilla["budget_flops"]
+        for record in (hires, vanilla):  # the budget, to within one optimizer step
+            step = record["flops_per_token"] * record["batch_size"] * record["block_size"]
+            assert record["budget_flops"] - step < record["flops"] <= record["budget_flops"]
+        assert hires["flops_per_token"] > vanilla["flops_per_token"]
+        assert hires["tokens"] < vanilla["tokens"]  # HiRes pays for its projections with tokens
+        assert hires["curve"][-1][1] == pytest.approx(hires["loss"])
+    sizes = sorted({r["size"] for r in records}, key=lambda s: pairs[s, 0]["vanilla"]["flops_per_token"])
+    assert pairs[sizes[0], 0]["vanilla"]["budget_flops"] < pairs[sizes[1], 0]["vanilla"]["budget_flops"]
+
+
+def test_timed_budget_fits_the_wall_clock():
+    """The planned runs' predicted seconds add up to the budget left after the reserve and overheads."""
+    from hires_hf.training import ladder
+
+    settings = LadderSettings(sizes=("32x2", "64x4"), seeds=2, budget_minutes=10)
+    rungs = build_rungs(settings)
+    timings = {(rung.name, arch): 0.01 * rung.flops_per_token[arch] / 1e5 for rung in rungs for arch in ladder.ARCHS}
+    scale = time_scale(rungs, settings, timings, spent=30.0)
+    tokens_per_step = settings.batch_size * settings.block_size
+    predicted = sum(
+        settings.seeds * budget / (rung.flops_per_token[arch] * tokens_per_step) * timings[rung.name, arch]
+        for rung, budget in zip(rungs, budgets(rungs, scale))
+        for arch in ladder.ARCHS
+    )
+    runs = len(rungs) * 2 * settings.seeds
+    expected = settings.budget_minutes * 60 * (1 - ladder.RESERVE) - 30.0 - runs * ladder.RUN_OVERHEAD_SECONDS
+    assert predicted == pytest.approx(expected)
+    low, high = budgets(rungs, scale)
+    ratio = rungs[1].flops_per_token["vanilla"] / rungs[0].flops_per_token["vanilla"]
+    assert high / low == pytest.approx(ratio**2)  # tokens grow in proportion to the model's cost
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sizes", "64x4"], "at least 2 sizes"),
+        (["--sizes", "32x4", "64x3"], "do not split into blocks"),
+        (["--sizes", "40x4", "64x4"], "multiple of 16"),
+        (["--sizes", "huge", "64x4"], "expected DxL"),
+        (["--sizes", "64x4", "64x4"], "each size once"),
+        (["--seeds", "0"], "--seeds"),
+        (["--budget-minutes", "0"], "--budget-minutes"),
+        (["--width-factor", "0"], "--width-factor"),
+    ],
+    ids=["one-size", "L-not-multiple-of-k", "width-not-heads", "unparseable", "duplicate", "seeds", "budget", "width"],
+)
+def test_bad_input_is_one_line(argv, message, capsys, tmp_path):
+    code = hires_hf(["ladder", "--quiet", "--out", str(tmp_path / "runs.jsonl"), *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert message in err and "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "runs.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_too_small_a_budget_says_how_to_fix_it(tmp_path):
+    settings = replace(LadderSettings.smoke(), smoke_steps=None, budget_minutes=0.01)
+    with pytest.raises(HiResUserError, match="raise the budget"):
+        run_ladder(settings, tmp_path / "runs.jsonl", progress=False)
+
+
+@pytest.mark.slow
+def test_quality_half_renders_a_section_from_runs(smoke_runs, tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks import cli as bench_cli
+    from benchmarks import quality, report
+
+    parser = argparse.ArgumentParser()
+    bench_cli.add_arguments(parser)
+    args = parser.parse_args(["--only", "quality", "--quality-runs", str(smoke_runs), "--quiet"])
+    results = tmp_path / "results"
+    quality.run(args, results)
+    text = (results / "quality.md").read_text()
+    assert text.startswith("## Quality half")
+    assert "FLOPs-efficiency multiplier of hires over vanilla" in text and "1.30x" in text
+    for name in (quality.CURVES_PNG, quality.FIT_PNG):
+        assert f"](results/{name})" in text
+        assert (results / name).read_bytes()[:4] == b"\x89PNG"
+    assert "## Quality half" in report.write_results(tmp_path).read_text()

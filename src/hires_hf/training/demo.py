@@ -25,7 +25,7 @@ from ..configuration_hires import HiResConfig
 from ..twins import vanilla_config
 from .data import PackedDataset, load_default_corpus, pack
 from .tokenizer import build_tokenizer, encode_documents, special_token_ids
-from .trainer import TrainResult, ensure_writable, train_flops_per_token, train_model
+from .trainer import TrainResult, ensure_writable, time_train_step, train_flops_per_token, train_model
 
 
 @dataclass(frozen=True)
@@ -180,20 +180,11 @@ def _flop_budget(
     return max(seconds_left, 1.0) / per_flop
 
 
-def _seconds_per_step(config: PreTrainedConfig, settings: DemoSettings, steps: int = 3) -> float:
-    """Time a few optimizer steps of a throw-away copy (after one warm-up step); 0 for a smoke run."""
+def _seconds_per_step(config: PreTrainedConfig, settings: DemoSettings) -> float:
+    """Timed AdamW steps of a throw-away copy; 0 for a smoke run (fixed steps, no budget to plan)."""
     if settings.smoke_steps is not None:
         return 0.0
-    model = AutoModelForCausalLM.from_config(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate)
-    batch = torch.randint(0, config.vocab_size, (settings.batch_size, settings.block_size))
-    for step in range(steps + 1):
-        if step == 1:
-            start = time.perf_counter()
-        model(input_ids=batch, labels=batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return (time.perf_counter() - start) / steps
+    return time_train_step(config, settings.batch_size, settings.block_size)
 
 
 def comparison_table(results: dict[str, TrainResult]) -> str:

@@ -33,14 +33,14 @@ from typing import Any
 import torch
 from huggingface_hub.errors import StrictDataclassError
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, PreTrainedConfig, TrainerCallback
+from transformers import PreTrainedConfig, TrainerCallback
 
 from ..configuration_hires import PRESETS, HiResConfig
 from ..errors import HiResUserError
 from ..twins import vanilla_config
 from .data import PackedDataset, load_default_corpus, pack
 from .tokenizer import build_tokenizer, encode_documents, special_token_ids
-from .trainer import ensure_writable, train_flops_per_token, train_model
+from .trainer import ensure_writable, time_train_step, train_flops_per_token, train_model
 
 HEAD_DIM = 16  # every "DxL" rung uses heads of 16 dims, so that d = 32 still has two heads
 ARCHS = ("hires", "vanilla")
@@ -209,20 +209,6 @@ def steps_for(budget: float, flops_per_token: float, settings: LadderSettings) -
     return max(1, math.floor(budget / (flops_per_token * settings.batch_size * settings.block_size)))
 
 
-def seconds_per_step(config: PreTrainedConfig, settings: LadderSettings, steps: int = 3) -> float:
-    """Time a few AdamW steps of a throw-away copy (after one warm-up step)."""
-    model = AutoModelForCausalLM.from_config(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate)
-    batch = torch.randint(0, config.vocab_size, (settings.batch_size, settings.block_size))
-    for step in range(steps + 1):
-        if step == 1:
-            start = time.perf_counter()
-        model(input_ids=batch, labels=batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return (time.perf_counter() - start) / steps
-
-
 # ---------------------------------------------------------------------------------------------------- running
 class FlopsBar(TrainerCallback):
     """Advances the ladder's one progress bar by the counted FLOPs of every optimizer step."""
@@ -284,7 +270,11 @@ def plan_scale(
     timings), otherwise timed steps of every model turned into the scale that fits the budget."""
     if settings.smoke_steps is not None:
         return smoke_scale(rungs, settings), {}
-    timings = {(rung.name, arch): seconds_per_step(rung.config(arch), settings) for rung in rungs for arch in ARCHS}
+    timings = {
+        (rung.name, arch): time_train_step(rung.config(arch), settings.batch_size, settings.block_size)
+        for rung in rungs
+        for arch in ARCHS
+    }
     scale = time_scale(rungs, settings, timings, spent)
     smallest = steps_for(budgets(rungs, scale)[0], rungs[0].flops_per_token["hires"], settings)
     if smallest < MIN_STEPS:

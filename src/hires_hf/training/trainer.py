@@ -104,6 +104,21 @@ def _as_hires_shape(config: PreTrainedConfig) -> HiResConfig:
         ) from error
 
 
+def time_train_step(config: PreTrainedConfig, batch_size: int, block_size: int, steps: int = 3) -> float:
+    """Seconds per AdamW step of a throw-away model (after one warm-up step): turns a wall-clock budget into
+    steps, and so into counted FLOPs, before the real runs start."""
+    model = AutoModelForCausalLM.from_config(config)
+    optimizer = torch.optim.AdamW(model.parameters())
+    batch = torch.randint(0, config.vocab_size, (batch_size, block_size))
+    for step in range(steps + 1):
+        if step == 1:
+            start = time.perf_counter()
+        model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return (time.perf_counter() - start) / steps
+
+
 # ---------------------------------------------------------------------------------------------------- callbacks
 class HistoryCallback(TrainerCallback):
     """Keeps every log row with the tokens and counted FLOPs seen at its step."""

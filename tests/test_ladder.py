@@ -70,6 +70,15 @@ def test_each_pair_spends_the_same_counted_flops(smoke_runs):
     assert pairs[sizes[0], 0]["vanilla"]["budget_flops"] < pairs[sizes[1], 0]["vanilla"]["budget_flops"]
 
 
+def test_each_architecture_trains_at_its_own_learning_rate(tmp_path):
+    out = tmp_path / "runs.jsonl"
+    assert hires_hf(["ladder", "--smoke", "--quiet", "--lr", "3e-3", "--hires-lr", "1e-3", "--out", str(out)]) == 0
+    import json
+
+    rates = {(r["arch"], r["learning_rate"]) for r in map(json.loads, out.read_text().splitlines())}
+    assert rates == {("hires", 1e-3), ("vanilla", 3e-3)}
+
+
 def test_timed_budget_fits_the_wall_clock():
     """The planned runs' predicted seconds add up to the budget left after the reserve and overheads."""
     from hires_hf.training import ladder
@@ -103,8 +112,19 @@ def test_timed_budget_fits_the_wall_clock():
         (["--seeds", "0"], "--seeds"),
         (["--budget-minutes", "0"], "--budget-minutes"),
         (["--width-factor", "0"], "--width-factor"),
+        (["--hires-lr", "0"], "--hires-lr"),
     ],
-    ids=["one-size", "L-not-multiple-of-k", "width-not-heads", "unparseable", "duplicate", "seeds", "budget", "width"],
+    ids=[
+        "one-size",
+        "L-not-multiple-of-k",
+        "width-not-heads",
+        "unparseable",
+        "duplicate",
+        "seeds",
+        "budget",
+        "width",
+        "hires-lr",
+    ],
 )
 def test_bad_input_is_one_line(argv, message, capsys, tmp_path):
     code = hires_hf(["ladder", "--quiet", "--out", str(tmp_path / "runs.jsonl"), *argv])

@@ -68,6 +68,7 @@ class LadderSettings:
     block_size: int = 128
     batch_size: int = 4
     learning_rate: float = 2e-3
+    hires_learning_rate: float | None = None  # None: HiRes trains at `learning_rate` too
     max_chars: int = 8_000_000
     tokenizer_sample_chars: int = 1_000_000
     eval_blocks: int = 64
@@ -168,6 +169,9 @@ def check_settings(settings: LadderSettings) -> None:
         raise HiResUserError(f"--width-factor (D / d) must be at least 1; got {settings.width_factor}.")
     if settings.layers_per_block < 1:
         raise HiResUserError(f"--layers-per-block must be at least 1; got {settings.layers_per_block}.")
+    for flag, value in (("--lr", settings.learning_rate), ("--hires-lr", settings.hires_learning_rate)):
+        if value is not None and not value > 0:
+            raise HiResUserError(f"{flag} must be a positive learning rate; got {value}.")
     for spec in settings.sizes:
         parse_size(spec, settings)
 
@@ -203,6 +207,13 @@ def smoke_scale(rungs: Sequence[Rung], settings: LadderSettings) -> float:
     """The scale that gives the smallest rung's twin exactly `smoke_steps` steps."""
     tokens = settings.smoke_steps * settings.batch_size * settings.block_size
     return tokens / rungs[0].flops_per_token["vanilla"]
+
+
+def learning_rate_of(arch: str, settings: LadderSettings) -> float:
+    """Each architecture may train at its own peak learning rate (HiRes prefers a lower one than its twin)."""
+    if arch == "hires" and settings.hires_learning_rate is not None:
+        return settings.hires_learning_rate
+    return settings.learning_rate
 
 
 def steps_for(budget: float, flops_per_token: float, settings: LadderSettings) -> int:
@@ -328,6 +339,7 @@ def train_one(
     than when it was timed; a run stopped that way records the FLOPs it actually spent."""
     flops_per_token = rung.flops_per_token[arch]
     steps = steps_for(budget, flops_per_token, settings)
+    learning_rate = learning_rate_of(arch, settings)
     meter = FlopsBar(bar, flops_per_token * settings.batch_size * settings.block_size)
     with contextlib.redirect_stdout(io.StringIO()):  # with its own bar off the Trainer prints a dict per log
         result = train_model(
@@ -338,7 +350,7 @@ def train_one(
             output_dir=scratch / f"{rung.name}-{arch}-{seed}",
             max_steps=steps,
             batch_size=settings.batch_size,
-            learning_rate=settings.learning_rate,
+            learning_rate=learning_rate,
             eval_steps=max(1, steps // settings.evaluations),
             logging_steps=max(1, steps // 20),
             seed=seed,
@@ -371,7 +383,7 @@ def train_one(
         "tokens_per_second": result.tokens_per_second,
         "block_size": settings.block_size,
         "batch_size": settings.batch_size,
-        "learning_rate": settings.learning_rate,
+        "learning_rate": learning_rate,
         "vocab_size": settings.vocab_size,
         "eval_blocks": len(data.validation),
         "curve": [[flops, loss] for flops, loss in zip(*result.eval_curve())],

@@ -22,6 +22,7 @@ def run_ladder_command(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         batch_size=args.batch_size,
         learning_rate=args.lr,
+        hires_learning_rate=args.hires_lr,
         threads=args.threads,
     )
     for name in ("block_size", "batch_size", "threads"):
@@ -61,6 +62,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--block-size", type=int, help=f"tokens per block (default {defaults.block_size})")
     train.add_argument("--batch-size", type=int, help=f"blocks per step (default {defaults.batch_size})")
     train.add_argument("--lr", type=float, help=f"peak learning rate (default {defaults.learning_rate:g})")
+    train.add_argument("--hires-lr", type=float, help="HiRes's own peak learning rate (default: --lr for both)")
     train.add_argument(
         "--threads", type=int, help="torch CPU threads (default 1: fastest for tiny models on a shared CPU)"
     )

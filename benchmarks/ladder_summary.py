@@ -1,0 +1,72 @@
+"""Summarise any `hires-hf ladder` RUNS file as a RESULTS.md section: the shape of every run read from its own
+records (k, D, learning rate per architecture), mean final loss per size, and the scaling fit with its multiplier.
+
+    python benchmarks/ladder_summary.py benchmarks/results/ladder_k4/runs.jsonl \
+        --out benchmarks/results/ladder_k4.md --title "Ladder at k = 4, each architecture at its own learning rate"
+
+The fit's figure goes next to the RUNS file (`scaling_fit.png`); report.py appends the section to RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from hires_hf.eval.scaling import analyse, plot_fits, read_runs
+
+
+def summary(runs_path: Path, title: str, command: str) -> str:
+    records = [json.loads(line) for line in runs_path.read_text().splitlines() if line.strip()]
+    fit = analyse(read_runs(runs_path), bootstrap=1000, seed=0)
+    figure = plot_fits(fit, runs_path.parent / "scaling_fit.png")
+    sizes = sorted({r["size"] for r in records}, key=lambda size: min(r["flops"] for r in records if r["size"] == size))
+    archs = sorted({r["arch"] for r in records})
+    rates = {arch: sorted({r["learning_rate"] for r in records if r["arch"] == arch}) for arch in archs}
+    hires = next(r for r in records if r["arch"] == "hires")
+    lines = [
+        f"## {title}",
+        "",
+        f"Command: `{command}`, from the RUNS file written by `hires-hf ladder` ({len(records)} runs; "
+        f"seeds per size: {len({r['seed'] for r in records})}).",
+        "",
+        f"HiRes: D = {hires['residual_size'] // hires['hidden_size']}d, k = {hires['layers_per_block']}; peak learning "
+        "rate " + ", ".join(f"{arch} {'/'.join(f'{lr:g}' for lr in rates[arch])}" for arch in archs) + ". "
+        "At each size both architectures spend the same counted training FLOPs.",
+        "",
+        "| size | counted FLOPs | " + " | ".join(f"{arch} loss (mean of seeds)" for arch in archs) + " |",
+        "|---|---:|" + "---:|" * len(archs),
+    ]
+    for size in sizes:
+        of_size = [r for r in records if r["size"] == size]
+        cells = [f"{statistics.mean(r['loss'] for r in of_size if r['arch'] == arch):.4f}" for arch in archs]
+        lines.append(f"| {size} | {statistics.mean(r['flops'] for r in of_size):.3g} | " + " | ".join(cells) + " |")
+    lines += ["", "| arch | A | alpha |", "|---|---:|---:|"]
+    lines += [f"| {arch} | {arch_fit.law.A:.4g} | {arch_fit.law.alpha:.4f} |" for arch, arch_fit in fit.fits.items()]
+    for multiplier in fit.multipliers:
+        lines += [
+            "",
+            f"FLOPs-efficiency multiplier of {multiplier.arch} over {multiplier.baseline} at C = "
+            f"{multiplier.at_compute:.3g}: **{multiplier.value:.3f}x** (95% CI {multiplier.ci_low:.3f}-"
+            f"{multiplier.ci_high:.3f}).",
+        ]
+    relative = os.path.relpath(Path(figure).resolve(), Path(__file__).resolve().parent)  # RESULTS.md's folder
+    return "\n".join([*lines, "", f"![{Path(figure).name}]({Path(relative).as_posix()})", ""])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--title", default="Scaling ladder")
+    args = parser.parse_args()
+    text = summary(args.runs, args.title, "python benchmarks/ladder_summary.py " + " ".join(sys.argv[1:]))
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 from hires_hf.eval.scaling import analyse, plot_fits, read_runs
 
 
-def summary(runs_path: Path, title: str, command: str) -> str:
+def summary(runs_path: Path, title: str, command: str, trained_by: str | None = None) -> str:
     records = [json.loads(line) for line in runs_path.read_text().splitlines() if line.strip()]
     fit = analyse(read_runs(runs_path), bootstrap=1000, seed=0)
     figure = plot_fits(fit, runs_path.parent / "scaling_fit.png")
@@ -31,7 +32,8 @@ def summary(runs_path: Path, title: str, command: str) -> str:
         f"## {title}",
         "",
         f"Command: `{command}`, from the RUNS file written by `hires-hf ladder` ({len(records)} runs; "
-        f"seeds per size: {len({r['seed'] for r in records})}).",
+        f"seeds per size: {len({r['seed'] for r in records})})"
+        + (f"; the runs were trained by `{trained_by}`." if trained_by else "."),
         "",
         f"HiRes: D = {hires['residual_size'] // hires['hidden_size']}d, k = {hires['layers_per_block']}; peak learning "
         "rate " + ", ".join(f"{arch} {'/'.join(f'{lr:g}' for lr in rates[arch])}" for arch in archs) + ". "
@@ -62,8 +64,10 @@ def main() -> None:
     parser.add_argument("runs", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--title", default="Scaling ladder")
+    parser.add_argument("--trained-by", help="the `hires-hf ladder` command that wrote the RUNS file")
     args = parser.parse_args()
-    text = summary(args.runs, args.title, "python benchmarks/ladder_summary.py " + " ".join(sys.argv[1:]))
+    command = shlex.join(["python", "benchmarks/ladder_summary.py", *sys.argv[1:]])
+    text = summary(args.runs, args.title, command, args.trained_by)
     args.out.write_text(text)
     print(text)
 

@@ -84,13 +84,48 @@ def evaluate(model, valid, batch):
     return tot / n
 
 
-def train(config, data, lr, steps, batch, seed=0, eval_every=25, diag_fn=None, diag_every=10, log=True):
+def apply_tweaks(model, tw):
+    base = model.model
+    blocks = getattr(base, "blocks", [])
+    with torch.no_grad():
+        if "embed_std" in tw:
+            base.embed_tokens.weight.normal_(0, tw["embed_std"])
+        for blk in blocks:
+            if "write_std" in tw:
+                blk.write_proj.weight.normal_(0, tw["write_std"]) if tw["write_std"] else blk.write_proj.weight.zero_()
+            if "read_std" in tw:
+                blk.read_proj.weight.normal_(0, tw["read_std"])
+            if "outer_gain" in tw and blk.outer_norm is not None:
+                blk.outer_norm.weight.fill_(tw["outer_gain"])
+        if "read_out_std" in tw:
+            base.read_out.weight.normal_(0, tw["read_out_std"])
+    if tw.get("write_norm"):
+        for blk in blocks:
+            lin = blk.write_proj
+            def fwd(x, lin=lin):
+                x = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
+                return torch.nn.functional.linear(x, lin.weight)
+            lin.forward = fwd
+
+
+def lr_mult(name, tw):
+    for key in ("embed", "read_proj", "write_proj", "read_out", "outer_norm", "lm_head"):
+        if key in name and f"lr_{key}" in tw:
+            return tw[f"lr_{key}"]
+    return 1.0
+
+
+def train(config, data, lr, steps, batch, seed=0, eval_every=25, diag_fn=None, diag_every=10, log=True, tweaks=None):
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    tw = tweaks or {}
+    apply_tweaks(model, tw)
+    groups = {}
+    for n, p in model.named_parameters():
+        key = (p.ndim >= 2, lr_mult(n, tw))
+        groups.setdefault(key, []).append(p)
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        [{"params": ps, "weight_decay": 0.1 if dec else 0.0, "mult": m} for (dec, m), ps in groups.items()],
         lr=lr,
         betas=(0.9, 0.95),
     )
@@ -101,7 +136,7 @@ def train(config, data, lr, steps, batch, seed=0, eval_every=25, diag_fn=None, d
     t0 = time.time()
     for step in range(steps):
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, lr)
+            group["lr"] = lr_at(step, steps, lr) * group["mult"]
         idx = torch.randint(0, train_blocks.shape[0], (batch,), generator=g)
         x = train_blocks[idx]
         loss = model(input_ids=x[:, :-1], labels=x[:, :-1]).loss
@@ -133,6 +168,7 @@ def main():
     ap.add_argument("--lrs", type=float, nargs="+", default=[3e-3])
     ap.add_argument("--archs", nargs="+", default=["vanilla", "hires"])
     ap.add_argument("--over", nargs="*", default=[])
+    ap.add_argument("--tweaks", default="{}")
     ap.add_argument("--out", default="/tmp/stab_runs.jsonl")
     ap.add_argument("--tag", default="")
     ap.add_argument("--diag", action="store_true")
@@ -154,10 +190,11 @@ def main():
             diag = None
             if a.diag:
                 import sys; sys.path.insert(0, "/tmp"); from diag import diag_fn as diag
-            _, run = train(cfg, data, lr, steps, a.batch, diag_fn=diag, diag_every=a.diag_every, seed=a.seed)
+            _, run = train(cfg, data, lr, steps, a.batch, diag_fn=diag, diag_every=a.diag_every, seed=a.seed,
+                           tweaks=json.loads(a.tweaks) if arch == "hires" else {})
             with open(a.out, "a") as f:
                 f.write(json.dumps({"tag": a.tag, "arch": arch, "lr": lr, "over": over, "d": a.d, "layers": a.layers,
-                                    "k": a.k, "steps": steps, "evals": run.evals, "losses": run.losses, "diag": run.diag, "seed": a.seed, "batch": a.batch}) + "\n")
+                                    "k": a.k, "steps": steps, "evals": run.evals, "losses": run.losses, "diag": run.diag, "seed": a.seed, "tweaks": a.tweaks, "batch": a.batch}) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "hires_hf.training.cli",
     "hires_hf.training.ladder_cli",
     "hires_hf.eval.cli",
+    "hires_hf.diagnostics.cli",
     "hires_hf.publish",
     "benchmarks.cli",
 )

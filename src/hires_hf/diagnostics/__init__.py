@@ -1,0 +1,26 @@
+"""Diagnostics: see inside HiRes training (wide stream per block, spectra, attention entropy, update ratios)."""
+
+from .probes import (
+    attention_entropy,
+    group_grad_norms,
+    group_update_ratios,
+    param_group,
+    projection_spectra,
+    shared_fraction,
+    stream_probe,
+)
+from .recorder import DIAGNOSTICS_FILE, DiagnosticsCallback, DiagnosticsRecorder, read_rows
+
+__all__ = [
+    "DIAGNOSTICS_FILE",
+    "DiagnosticsCallback",
+    "DiagnosticsRecorder",
+    "attention_entropy",
+    "group_grad_norms",
+    "group_update_ratios",
+    "param_group",
+    "projection_spectra",
+    "read_rows",
+    "shared_fraction",
+    "stream_probe",
+]

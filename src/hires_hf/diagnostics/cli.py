@@ -1,0 +1,138 @@
+"""`hires-hf inspect`: look inside a model folder (one probe) or a training run (its diagnostics over steps)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import HiResUserError
+from .recorder import DIAGNOSTICS_FILE, read_rows
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    target = Path(args.target)
+    run_file = target if target.is_file() else target / DIAGNOSTICS_FILE
+    if run_file.is_file() and run_file.suffix == ".jsonl":
+        return _inspect_run(run_file, Path(args.out) if args.out else run_file.parent)
+    if (target / "config.json").is_file():
+        return _inspect_model(target, args)
+    raise HiResUserError(
+        f"{target} holds neither a {DIAGNOSTICS_FILE} (a run trained with DiagnosticsCallback or --diagnostics-every)"
+        " nor a config.json (a model folder); pass one of those."
+    )
+
+
+def _inspect_run(path: Path, out_dir: Path) -> int:
+    from .plot import plot_run
+
+    rows = read_rows(path)
+    if not rows:
+        raise HiResUserError(f"{path} has no rows yet; run more steps with diagnostics on.")
+    print(run_table(rows))
+    figure = plot_run(rows, out_dir / "diagnostics.png", title=str(path.parent))
+    print(f"figure: {figure}")
+    return 0
+
+
+def run_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: per diagnosed step, the final hidden state's shared fraction, the largest write/stream ratio
+    and the update ratios of the wide-stream groups next to the layers'."""
+    groups = ["embed", "read", "write", "read_out", "attn", "mlp", "head"]
+    present = [g for g in groups if any(g in row.get("update_ratio", {}) for row in rows)]
+    header = "| step | final shared | max write/stream | " + " | ".join(f"upd {g}" for g in present) + " |"
+    lines = [header, "|" + "---:|" * (3 + len(present))]
+    for row in rows:
+        ratios = [u.get("write_to_stream") for u in row["units"] if u.get("write_to_stream") is not None]
+        worst = f"{max(ratios):.2f}" if ratios else "–"
+        updates = " | ".join(f"{row.get('update_ratio', {}).get(g, float('nan')):.2e}" for g in present)
+        lines.append(f"| {row['step']} | {row['final_shared']:.3f} | {worst} | {updates} |")
+    return "\n".join(lines)
+
+
+def _inspect_model(folder: Path, args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import hires_hf  # noqa: F401  (registers the hires model type)
+
+    from .plot import plot_probe
+    from .probes import attention_entropy, projection_spectra, stream_probe
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    ids = _probe_ids(folder, model.config, args.text, args.seq_len, args.batch)
+    with torch.no_grad():
+        probe = stream_probe(model, ids)
+        probe["attention_entropy"] = attention_entropy(model, ids)
+        probe["spectra"] = projection_spectra(model)
+    print(probe_table(probe))
+    out_dir = Path(args.out) if args.out else folder
+    figure = plot_probe(probe, out_dir / "inspect.png", title=str(folder))
+    (out_dir / "inspect.json").write_text(json.dumps(probe, indent=1))
+    print(f"figure: {figure}\nnumbers: {out_dir / 'inspect.json'}")
+    return 0
+
+
+def probe_table(probe: dict[str, Any]) -> str:
+    """Markdown: one row per block (or layer) of a single probe."""
+    if probe["kind"] != "block":
+        lines = ["| layer | stream RMS | stream shared |", "|---:|---:|---:|"]
+        lines += [f"| {u['layer']} | {u['stream_rms']:.3g} | {u['stream_shared']:.3f} |" for u in probe["units"]]
+    else:
+        lines = [
+            "| block | stream RMS | stream shared | read RMS | inner RMS | write RMS | write shared | write/stream |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for u in probe["units"]:
+            lines.append(
+                f"| {u['block']} | {u['stream_rms']:.3g} | {u['stream_shared']:.3f} | {u['read_rms']:.3g} |"
+                f" {u['inner_rms']:.3g} | {u['write_rms']:.3g} | {u['write_shared']:.3f} | {u['write_to_stream']:.3g} |"
+            )
+    lines.append(f"\nfinal hidden state shared fraction: {probe['final_shared']:.3f}")
+    if probe.get("attention_entropy"):
+        lines.append("attention entropy / uniform per layer: " + " ".join(f"{e:.2f}" for e in probe["attention_entropy"]))
+    for name, values in probe.get("spectra", {}).items():
+        lines.append(f"top singular values {name}: " + " ".join(f"{v:.3g}" for v in values))
+    return "\n".join(lines)
+
+
+def _probe_ids(folder: Path, config, text_path: str | None, seq_len: int, batch: int):
+    """Token ids to probe with: the given text, else held-out stdlib sources, tokenized by the folder's tokenizer."""
+    import torch
+
+    from ..training.tokenizer import load_tokenizer
+
+    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
+        generator = torch.Generator().manual_seed(0)
+        return torch.randint(0, config.vocab_size, (batch, seq_len), generator=generator)
+    tokenizer = load_tokenizer(folder)
+    if text_path is not None:
+        text = Path(text_path).read_text(encoding="utf-8", errors="replace")
+    else:
+        from ..training.data import load_default_corpus
+
+        text = "\n".join(load_default_corpus(max_chars=2_000_000).validation)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][: batch * seq_len]
+    if len(ids) < seq_len:
+        raise HiResUserError(f"The probe text has {len(ids)} tokens; give at least --seq-len={seq_len}.")
+    rows = len(ids) // seq_len
+    return torch.tensor(ids[: rows * seq_len]).view(rows, seq_len)
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "inspect",
+        help="look inside a model folder or a training run (wide stream per block, spectra, update ratios)",
+        description="A model folder: one probe per block on held-out text (table, inspect.png, inspect.json). "
+        "A run folder or diagnostics.jsonl: the diagnostics over training steps (table, diagnostics.png).",
+    )
+    parser.add_argument("target", help="a saved model folder, a run output folder, or a diagnostics.jsonl")
+    parser.add_argument("--text", help="probe text file (default: held-out Python stdlib sources)")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--out", help="folder for the figure (default: next to the target)")
+    parser.set_defaults(func=run_inspect)
+
+
+__all__ = ["add_parsers", "probe_table", "run_table"]

@@ -1,0 +1,90 @@
+"""PNG figures of diagnostics: a training run's rows over steps, or one model's probe per block."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _series(rows: Sequence[dict[str, Any]], key: str) -> dict[int, list[float]]:
+    """Per block (or layer) index, the value of `key` at each row."""
+    series: dict[int, list[float]] = {}
+    for row in rows:
+        for index, unit in enumerate(row["units"]):
+            series.setdefault(index, []).append(unit.get(key, float("nan")))
+    return series
+
+
+def _groups(rows: Sequence[dict[str, Any]], key: str) -> dict[str, list[float]]:
+    names: list[str] = []
+    for row in rows:
+        names += [name for name in row.get(key, {}) if name not in names]
+    return {name: [row.get(key, {}).get(name, float("nan")) for row in rows] for name in names}
+
+
+def plot_run(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    """Four panels over training steps: stream shared fraction per block, write/stream ratio per block,
+    update-to-weight ratio per parameter group, gradient norm per parameter group."""
+    steps = [row["step"] for row in rows]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    unit = rows[0].get("kind", "block")
+    panels = [
+        (axes[0, 0], _series(rows, "stream_shared"), f"shared fraction of the stream entering each {unit}", False),
+        (axes[0, 1], _series(rows, "write_to_stream"), "RMS(write) / RMS(stream) per block", True),
+        (axes[1, 0], _groups(rows, "update_ratio"), "update / weight per step, by group", True),
+        (axes[1, 1], _groups(rows, "grad_norm"), "gradient norm, by group", True),
+    ]
+    for ax, series, label, log in panels:
+        for name, values in series.items():
+            ax.plot(steps[: len(values)], values, label=str(name))
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("step")
+        if log:
+            ax.set_yscale("log")
+        if series:
+            ax.legend(fontsize=7, ncol=2)
+    axes[0, 0].plot(steps, [row["final_shared"] for row in rows], "k--", label="final hidden")
+    axes[0, 0].legend(fontsize=7, ncol=2)
+    axes[0, 0].set_ylim(-0.02, 1.02)
+    fig.suptitle(title or "HiRes training diagnostics")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_probe(probe: dict[str, Any], path: str | Path, title: str = "") -> Path:
+    """One model: per block, the stream's RMS and shared fraction and the write/stream ratio; attention entropy."""
+    units = probe["units"]
+    index = list(range(len(units)))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    axes[0].bar(index, [u["stream_shared"] for u in units])
+    axes[0].set_title("shared fraction of the stream entering each block", fontsize=10)
+    axes[0].set_ylim(0, 1)
+    axes[1].bar(index, [u.get("write_to_stream", float("nan")) for u in units])
+    axes[1].set_title("RMS(write) / RMS(stream)", fontsize=10)
+    entropy = probe.get("attention_entropy", [])
+    axes[2].plot(range(len(entropy)), entropy, marker="o")
+    axes[2].set_title("attention entropy / uniform, per layer", fontsize=10)
+    axes[2].set_ylim(0, 1.05)
+    for ax in axes[:2]:
+        ax.set_xlabel("block")
+    axes[2].set_xlabel("layer")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["plot_probe", "plot_run"]

@@ -34,7 +34,7 @@ from safetensors import SafetensorError
 from transformers import AutoTokenizer
 
 from .configuration_hires import HUB_AUTO_MAP
-from .errors import HiResUserError
+from .errors import HiResUserError, first_line
 from .info import load_config
 from .io import write_json_atomic
 from .model_card import build_model_card
@@ -184,7 +184,7 @@ def _save_model(model_dir: Path, staging: Path, max_shard_size: str | int) -> No
             )
     except (OSError, SafetensorError) as error:  # no weights, or a truncated / corrupt shard
         raise HiResUserError(
-            f"cannot load the weights in {model_dir} ({_first_line(error)}); publish a folder written by "
+            f"cannot load the weights in {model_dir} ({first_line(error)}); publish a folder written by "
             "save_pretrained, with all its safetensors shards."
         ) from error
     if loading["mismatched_keys"]:
@@ -246,7 +246,7 @@ def _save_tokenizer(source: Path, staging: Path, model_max_length: int) -> None:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, TypeError) as error:
         raise HiResUserError(
-            f"cannot load the tokenizer in {source} ({_first_line(error)}); save a tokenizer there with "
+            f"cannot load the tokenizer in {source} ({first_line(error)}); save a tokenizer there with "
             "tokenizer.save_pretrained (tokenizer.json + tokenizer_config.json), or pass --tokenizer DIR."
         ) from error
     save_tokenizer(tokenizer, staging, model_max_length)
@@ -279,12 +279,6 @@ def _check_hub_folder(folder: Path) -> None:
             f"the Hub folder built from these inputs is not what publish promises ({'; '.join(problems)}); nothing "
             "was written. Publish a HiRes checkpoint and a tokenizer that needs no code of its own."
         )
-
-
-def _first_line(error: BaseException) -> str:
-    """The first line of an error from a library: enough to name the problem in a one-line message."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 # ---------------------------------------------------------------------------------------------- upload

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -231,8 +232,10 @@ def test_two_processes_match_one(mode, tokenizer, data, tmp_path):
 
 # ------------------------------------------------------------------------------------------ the demo
 @pytest.mark.slow
-def test_demo_smoke_writes_table_plot_and_loadable_models(tmp_path, capsys):
+def test_demo_smoke_writes_table_plot_and_loadable_models(tmp_path, capsys, caplog):
+    caplog.set_level(logging.WARNING)
     assert cli_main(["demo", "--smoke", "--output-dir", str(tmp_path)]) == 0
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("lm_eval")] == []  # the tables stand out
     printed = capsys.readouterr().out
     table = (tmp_path / "table.md").read_text()
     assert "| hires |" in table and "| vanilla |" in table and table in printed

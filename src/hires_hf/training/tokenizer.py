@@ -82,19 +82,21 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 LOADING_FLAGS = ("is_local", "local_files_only")
 
 
-def save_tokenizer(tokenizer: PreTrainedTokenizerBase, folder: str | Path, model_max_length: int) -> None:
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, folder: str | Path, model_max_length: int | None) -> None:
     """Save `tokenizer` as a model folder's own: `model_max_length` is the model's context, no loading flags.
 
     A tokenizer built in memory says `model_max_length: 1e30` (no limit), so pipelines and lm-eval never truncate
     to what the model can attend over; one loaded with `from_pretrained` and saved again carries `is_local` /
-    `local_files_only`, which would then apply to whoever loads the folder. The caller's object is left as is.
+    `local_files_only`, which would then apply to whoever loads the folder. The caller's object is left as is;
+    `model_max_length=None` (a model without a context length) keeps the tokenizer's own.
     """
     tokenizer.save_pretrained(folder)
     path = Path(folder) / "tokenizer_config.json"
     fields = json.loads(path.read_text(encoding="utf-8"))
     for flag in LOADING_FLAGS:
         fields.pop(flag, None)
-    fields["model_max_length"] = int(model_max_length)
+    if model_max_length is not None:
+        fields["model_max_length"] = int(model_max_length)
     write_json_atomic(path, fields, sort_keys=True)  # the layout save_pretrained writes
 
 

@@ -276,12 +276,7 @@ def train_model(
     model = _build_model(model, args, settings, output_dir)
     check_vocab(tokenizer, model.config)
 
-    block_size = int(train_data[0]["input_ids"].shape[-1])
-    flops_per_token = settings.flops_per_token
-    if flops_per_token is None:
-        flops_per_token = train_flops_per_token(model.config, block_size)
-    tokens_per_step = settings.batch_size * settings.gradient_accumulation_steps * args.world_size * block_size
-    history = HistoryCallback(tokens_per_step, flops_per_token)
+    history = _history(model.config, train_data, settings, args.world_size)
     trainer = HiResTrainer(
         model=model,
         args=args,
@@ -290,7 +285,7 @@ def train_model(
         processing_class=tokenizer,
         callbacks=[history, StopCallback(settings.max_seconds), *callbacks],
     )
-    if settings.progress:
+    if settings.progress:  # one bar with the latest losses, instead of a printed dict per log
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(LossBarCallback())
 
@@ -315,6 +310,18 @@ def _with_overrides(settings: TrainSettings | None, overrides: dict[str, Any]) -
             raise TypeError("train_model() needs settings=TrainSettings(max_steps=...) or max_steps=...")
         return TrainSettings(**overrides)
     return replace(settings, **overrides)
+
+
+def _history(
+    config: PreTrainedConfig, train_data: Dataset, settings: TrainSettings, world_size: int
+) -> HistoryCallback:
+    """The log keeper: tokens per optimizer step (all ranks) and counted FLOPs per token, for every row."""
+    block_size = int(train_data[0]["input_ids"].shape[-1])
+    flops_per_token = settings.flops_per_token
+    if flops_per_token is None:
+        flops_per_token = train_flops_per_token(config, block_size)
+    tokens_per_step = settings.batch_size * settings.gradient_accumulation_steps * world_size * block_size
+    return HistoryCallback(tokens_per_step, flops_per_token)
 
 
 def _check_run(output_dir: Path, settings: TrainSettings) -> None:
@@ -421,7 +428,7 @@ def _save_final(trainer: Trainer, model_dir: Path) -> Path:
         if staging.exists():
             shutil.rmtree(staging)
         model.save_pretrained(staging)
-        save_tokenizer(trainer.processing_class, staging, model.config.max_position_embeddings)
+        save_tokenizer(trainer.processing_class, staging, getattr(model.config, "max_position_embeddings", None))
         if model_dir.exists():
             shutil.rmtree(model_dir)
         staging.rename(model_dir)

@@ -128,7 +128,7 @@ def evaluate(
 
 
 def _backend(model: str, trust_remote_code: bool) -> str:
-    """ "causal" for a causal LM that lm-eval's name tables miss, else lm-eval's own choice ("default").
+    """The lm-eval backend: "causal" for a causal LM its name tables miss, else lm-eval's own choice ("default").
 
     lm-eval tells causal from seq2seq models by transformers' static lists of model types, which cannot hold an
     architecture registered at run time such as HiRes; it then warns that the type is unknown and guesses

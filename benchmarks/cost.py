@@ -34,7 +34,7 @@ from transformers import AutoModelForCausalLM
 
 from hires_hf import HiResConfig, HiResForCausalLM
 from hires_hf.accounting import forward_flops_per_token
-from hires_hf.twins import vanilla_config
+from hires_hf.twins import num_experts, vanilla_config
 
 from .peers import BlockAttnResForCausalLM, MHCForCausalLM, attnres_extra_flops_per_token, mhc_extra_flops_per_token
 
@@ -178,7 +178,7 @@ def row_specs(settings: CostSettings) -> list[RowSpec]:
 
 def _vanilla_builder(config, experts_implementation: str) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
-        if getattr(config, "num_experts", 0):
+        if num_experts(config):
             return AutoModelForCausalLM.from_config(config, experts_implementation=experts_implementation)
         return AutoModelForCausalLM.from_config(config)
 

@@ -33,6 +33,7 @@ def run_one(job: dict) -> dict:
     from hires_hf import HiResConfig
     from hires_hf.training import (
         PackedDataset,
+        TrainSettings,
         build_tokenizer,
         encode_documents,
         load_default_corpus,
@@ -64,18 +65,11 @@ def run_one(job: dict) -> dict:
     flops = train_flops_per_token(config, job["block_size"])
     vanilla_flops = train_flops_per_token(vanilla_config(hires), job["block_size"])
     steps = int(job["vanilla_steps"] * vanilla_flops / flops)  # equal counted FLOPs
-    result = train_model(
-        config,
-        tokenizer,
-        train,
-        valid,
-        output_dir=Path(job["scratch"]) / f"{job['arch']}-{job['lr']}",
-        max_steps=steps,
-        batch_size=job["batch_size"],
-        learning_rate=job["lr"],
-        progress=False,
-        save_model=False,
+    settings = TrainSettings(
+        max_steps=steps, batch_size=job["batch_size"], learning_rate=job["lr"], progress=False, save_model=False
     )
+    scratch = Path(job["scratch"]) / f"{job['arch']}-{job['lr']}"
+    result = train_model(config, tokenizer, train, valid, settings, output_dir=scratch)
     return {
         **job,
         "steps": steps,

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hires_hf.io import write_json_atomic, write_text_atomic
+
 BENCHMARKS_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCHMARKS_DIR / "results"
 MIB = 2**20
@@ -79,16 +81,8 @@ def _git(args: list[str]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- files
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file next to `path`, then rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
-        handle.write(text)
-    os.replace(handle.name, path)
-
-
 def save_json(path: Path, data: dict[str, Any]) -> None:
-    write_text_atomic(path, json.dumps(data, indent=1) + "\n")
+    write_json_atomic(path, data, indent=1)
 
 
 def load_json(path: Path) -> dict[str, Any] | None:

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+import hires_hf.cli as cli
 from hires_hf.cli import build_parser, main
 
 
@@ -41,9 +42,26 @@ def test_invalid_config_file_reports_the_field(tmp_path, capsys) -> None:
     assert "layers_per_block=3" in capsys.readouterr().err
 
 
-def test_every_subcommand_has_a_handler() -> None:
-    parser = build_parser()
-    subparsers = next(a for a in parser._actions if a.dest == "command")
-    assert "info" in subparsers.choices
-    for name, sub in subparsers.choices.items():
+# Every command the README documents; `bench` comes from the checkout's benchmarks/ (the tests run from its root).
+COMMANDS = {"info", "convert", "train", "demo", "ladder", "eval", "perplexity", "scaling", "publish", "bench"}
+
+
+def _subcommands(parser) -> dict:
+    return next(action for action in parser._actions if action.dest == "command").choices
+
+
+def test_every_command_is_there_with_a_handler() -> None:
+    subcommands = _subcommands(build_parser())
+    assert set(subcommands) == COMMANDS
+    for name, sub in subcommands.items():
         assert sub.get_default("func") is not None, name
+
+
+def test_a_command_module_that_fails_to_import_is_not_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broken import inside the package raises; only a missing benchmarks/ checkout is skipped."""
+    monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES, "hires_hf.no_such_commands"))
+    with pytest.raises(ModuleNotFoundError, match=r"hires_hf\.no_such_commands"):
+        build_parser()
+    monkeypatch.setattr(cli, "COMMAND_MODULES", cli.COMMAND_MODULES[:-1])
+    monkeypatch.setattr(cli, "CHECKOUT_COMMAND_MODULES", ("no_checkout_here.cli",))
+    assert set(_subcommands(build_parser())) == COMMANDS - {"bench"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -155,14 +156,19 @@ def test_warm_start_conversion_loads_and_trains(tmp_path: Path, family: str) -> 
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hires", dtype=torch.float32)
     assert model.config.outer_norm and model.config.write_mode == "output"
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(3, VOCAB, (2, 16))
-    before = model.model.blocks[0].write_proj.weight.detach().clone()
-    loss = model(ids, labels=ids).loss
-    loss.backward()
-    optimizer.step()
-    assert torch.isfinite(loss)
-    assert not torch.equal(before, model.model.blocks[0].write_proj.weight)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)  # only gradients move weights
+    ids = torch.randint(3, VOCAB, (2, 16))  # one fixed batch: a model that trains fits it
+    losses = []
+    for _ in range(6):
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        if not losses:  # the new projections are in the graph, not dead weight
+            assert model.model.blocks[0].write_proj.weight.grad.abs().sum() > 0
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert all(math.isfinite(value) for value in losses)
+    assert losses[-1] < losses[0] - 0.5, losses
 
 
 # ---------------------------------------------------------------------------------------------- the folder
@@ -174,7 +180,10 @@ def test_folder_is_complete_sharded_and_hub_ready(tmp_path: Path, llama_source: 
     tokenizer = _word_tokenizer()
     tokenizer.save_pretrained(source)
 
-    convert(source, tmp_path / "hires", residual_size=48, layers_per_block=2, exact=True, max_shard_size="40KB")
+    report = convert(
+        source, tmp_path / "hires", residual_size=48, layers_per_block=2, exact=True, max_shard_size="40KB"
+    )
+    assert report.loss_sample == "a short English sample"  # SRC's tokenizer encoded the check's text
     out = tmp_path / "hires"
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "hires"
@@ -254,6 +263,39 @@ def test_dtype_option_casts_the_weights(tmp_path: Path, llama_source: Path, caps
     dtypes = {t.dtype for shard in set(index["weight_map"].values()) for t in load_file(out / shard).values()}
     assert dtypes == {torch.bfloat16}
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_check_says_what_its_losses_are_measured_on(tmp_path: Path, llama_source: Path, capsys) -> None:
+    """Without a usable tokenizer the check's losses are on random ids (near ln V, nothing to do with text): the
+    summary says so and why, instead of silently swapping the sample."""
+    args = ("--residual-size", 48, "--layers-per-block", 2)
+    code, stdout, _ = run_cli(capsys, llama_source, tmp_path / "plain", *args)
+    assert code == 0 and "loss on random token ids (SRC has no tokenizer)" in stdout
+
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for item in llama_source.iterdir():
+        (damaged / item.name).write_bytes(item.read_bytes())
+    (damaged / "tokenizer.json").write_text("{not json")
+    code, stdout, _ = run_cli(capsys, damaged, tmp_path / "out", *args)
+    assert code == 0 and "loss on random token ids (SRC's tokenizer does not load:" in stdout
+
+
+def test_check_does_not_swallow_unexpected_errors(tmp_path: Path, llama_source: Path, monkeypatch) -> None:
+    """Only the failures a tokenizer folder is expected to produce fall back to random ids; a bug surfaces."""
+    source = tmp_path / "src"
+    source.mkdir()
+    for item in llama_source.iterdir():
+        (source / item.name).write_bytes(item.read_bytes())
+    _word_tokenizer().save_pretrained(source)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug, not a missing tokenizer")
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        convert(source, tmp_path / "out", residual_size=48, layers_per_block=2)
+    assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------------------------------------- bad input

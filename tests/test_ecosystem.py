@@ -373,9 +373,24 @@ def test_attention_kwargs_reach_a_registered_attention_function(preset: str) -> 
     torch.testing.assert_close(out, expected)
 
 
-def test_supports_attention_backend() -> None:
-    assert HiResModel._supports_attention_backend
-    assert HiResModel(tiny_config("tiny")).is_backend_compatible()
+def test_attention_backend_chosen_at_load_runs_every_layer(folder: Path) -> None:
+    """What `_supports_attention_backend` promises vLLM: load with `attn_implementation=` naming a registered
+    function (vLLM registers its paged attention the same way) and every layer's attention runs through it,
+    with the model's own result. `is_backend_compatible()` is the flag vLLM reads before it relies on that."""
+    calls: list[int] = []
+
+    def backend(module: nn.Module, query, key, value, attention_mask, **kwargs):
+        calls.append(module.layer_idx)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("hires_backend_test", backend)
+    AttentionMaskInterface.register("hires_backend_test", sdpa_mask)
+    model = HiResForCausalLM.from_pretrained(folder, attn_implementation="hires_backend_test").eval()
+    assert model.is_backend_compatible()
+    ids = token_ids()
+    out = logits(model, ids)
+    assert calls == list(range(model.config.num_hidden_layers))
+    torch.testing.assert_close(out, logits(HiResForCausalLM.from_pretrained(folder).eval(), ids))
 
 
 def names_of(preset: str) -> set[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -137,6 +138,23 @@ def test_eval_cli_compares_models_and_writes_json_and_table(
     assert "| stdlib_next_line | acc |" in table and "| stdlib_perplexity | bits_per_byte |" in table
     assert table.strip() in capsys.readouterr().out
     assert not list(out.parent.glob("*.tmp"))
+
+
+def test_eval_prints_the_table_and_no_lm_eval_noise(
+    folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd, caplog
+) -> None:
+    """What lands on screen is the table: no warning about undeclared aggregations, no `--metadata` advice, no
+    'model type is neither CausalLM nor Seq2SeqLM' guess, no git complaint outside a repository."""
+    monkeypatch.chdir(tmp_path)  # not a git repository: lm-eval asks git for a commit hash here
+    caplog.set_level(logging.WARNING)
+    assert main(["eval", str(folders["hires"]), "--limit", "2", "--batch-size", "4", "--bootstrap-iters", "0"]) == 0
+    out, err = capfd.readouterr()
+    lines = out.strip().splitlines()
+    assert lines[0] == "| task | metric | value | stderr |" and all(line.startswith("|") for line in lines)
+    warnings = [record.getMessage() for record in caplog.records if record.name.startswith("lm_eval")]
+    assert warnings == []
+    assert "fatal:" not in err and "Traceback" not in err
+    assert not logging.getLogger("lm_eval.api.task").filters  # the silencing ends with our call
 
 
 @pytest.mark.slow

@@ -1,10 +1,13 @@
 """The model's behaviour: exact equivalence with vanilla (HIRES.md §5), caches, padding, backends, training
 paths and MoE routing losses (HIRES.md §8)."""
 
+import copy
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
-from util import VOCAB, hires_from_vanilla, llama, olmoe, tiny_hires
+from transformers.integrations.moe import ExpertsInterface, batched_mm_experts_forward
+from util import VOCAB, hires_from_vanilla, llama, olmoe, perturbed, tiny_hires
 
 from hires_hf import HiResConfig, HiResForCausalLM, HiResForSequenceClassification, HiResModel
 from hires_hf.modeling_hires import load_balancing_loss, router_z_loss
@@ -237,16 +240,48 @@ def test_z_loss_is_mean_squared_logsumexp() -> None:
     assert torch.allclose(router_z_loss(logits), torch.tensor(8.0).log() ** 2)
 
 
+def moe_and_eager_twin(implementation: str) -> tuple[HiResForCausalLM, HiResForCausalLM]:
+    """A tiny MoE on `implementation` with perturbed weights (routing far from uniform, experts far apart), and an
+    eager copy. Each has its own config: `from_config` writes the choice into the config it is given, and the
+    experts read it at every forward, so two models sharing one config would both run the last choice."""
+    config = HiResConfig.from_preset("tiny-moe", vocab_size=VOCAB)
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), experts_implementation=implementation)
+    perturbed(model, seed=2)
+    reference = AutoModelForCausalLM.from_config(copy.deepcopy(config), experts_implementation="eager").eval()
+    reference.load_state_dict(model.state_dict())
+    return model, reference
+
+
 @pytest.mark.parametrize("implementation", ["eager", "batched_mm", "grouped_mm"])
 def test_requested_experts_implementation_is_used_and_agrees(implementation: str) -> None:
-    config = HiResConfig.from_preset("tiny-moe", vocab_size=VOCAB)
-    model = AutoModelForCausalLM.from_config(config, experts_implementation=implementation).eval()
-    assert model.config._experts_implementation == implementation
-    reference = AutoModelForCausalLM.from_config(config, experts_implementation="eager").eval()
-    reference.load_state_dict(model.state_dict())
+    model, reference = moe_and_eager_twin(implementation)
+    assert model.config._experts_implementation == implementation  # still, with the eager twin built
+    assert reference.config._experts_implementation == "eager"
     ids = torch.randint(1, VOCAB, (2, 8))
     with torch.no_grad():
         assert max_diff(model(ids).logits, reference(ids).logits) < 1e-5
+
+
+def unweighted_experts(self, hidden_states, top_k_index, top_k_weights):
+    """A broken kernel: every chosen expert weighted 1/K, whatever the router said."""
+    uniform = torch.full_like(top_k_weights, 1.0 / top_k_weights.shape[-1])
+    return batched_mm_experts_forward(self, hidden_states, top_k_index, uniform)
+
+
+def off_by_one_experts(self, hidden_states, top_k_index, top_k_weights):
+    """A broken kernel: each token sent to the expert next to the one it was routed to."""
+    return batched_mm_experts_forward(self, hidden_states, (top_k_index + 1) % self.num_experts, top_k_weights)
+
+
+@pytest.mark.parametrize("kernel", [unweighted_experts, off_by_one_experts], ids=lambda kernel: kernel.__name__)
+def test_agreement_check_catches_a_broken_experts_kernel(kernel) -> None:
+    """Negative control for the test above: its 1e-5 bound, on these weights, fails a kernel that is wrong."""
+    name = f"hires_test_{kernel.__name__}"
+    ExpertsInterface.register(name, kernel)
+    model, reference = moe_and_eager_twin(name)
+    ids = torch.randint(1, VOCAB, (2, 8))
+    with torch.no_grad():
+        assert max_diff(model(ids).logits, reference(ids).logits) > 1e-2
 
 
 def test_grouped_mm_is_the_default_experts_kernel() -> None:

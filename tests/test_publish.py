@@ -117,6 +117,16 @@ def test_dry_run_folder_holds_exactly_the_hub_files(hub_folder: Path) -> None:
     assert not list(hub_folder.parent.glob(".hub.tmp-*")), "the staging folder must be renamed, not left behind"
 
 
+def test_published_tokenizer_truncates_at_the_context_without_loading_flags(hub_folder: Path) -> None:
+    """Publish reloads the tokenizer to save it again: the loading flags it was read with stay out of the folder,
+    and `model_max_length` is the model's context (pipelines and lm-eval truncate with it), not 1e30."""
+    saved = json.loads((hub_folder / "tokenizer_config.json").read_text())
+    context = json.loads((hub_folder / "config.json").read_text())["max_position_embeddings"]
+    assert not {"is_local", "local_files_only"} & set(saved)
+    assert saved["model_max_length"] == context
+    assert PreTrainedTokenizerFast.from_pretrained(hub_folder).model_max_length == context
+
+
 def test_card_parses_and_carries_metadata(hub_folder: Path, model_dir: Path) -> None:
     card = ModelCard.load(hub_folder / "README.md")
     data = card.data
@@ -181,6 +191,43 @@ for folder, out in zip(pairs[::2], pairs[1::2]):
         logits = model(ids).logits
     save_file({"input_ids": ids, "logits": logits.contiguous()}, out)
 """
+
+
+CARD_SNIPPET = """
+import importlib.abc, sys
+
+class BlockHiRes(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "hires_hf" or name.startswith("hires_hf."):
+            raise ImportError(f"{name} is blocked: the card's snippet must work without it")
+        return None
+
+sys.meta_path.insert(0, BlockHiRes())
+"""
+
+
+@pytest.mark.slow
+def test_card_snippet_runs_without_the_package_and_asks_nothing(hub_folder: Path, tmp_path: Path) -> None:
+    """The Usage section, as written, in a Python without hires_hf: it loads and generates, with no
+    'Do you wish to run the custom code? [y/N]' prompt (stdin is closed) and no model-type warning."""
+    card = (hub_folder / "README.md").read_text()
+    snippet = card.split("```python\n", 1)[1].split("```", 1)[0].replace(f'"{REPO_ID}"', repr(str(hub_folder)))
+    script = tmp_path / "snippet.py"
+    script.write_text(textwrap.dedent(CARD_SNIPPET) + snippet)
+    done = subprocess.run(
+        [sys.executable, "-I", str(script)],
+        cwd=tmp_path,
+        env={**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "PYTHONPATH": ""},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("def fibonacci(n):")
+    printed = done.stdout + done.stderr
+    for noise in ("custom code", "[y/N]", "trust_remote_code", "model of type"):
+        assert noise not in printed, printed[-2000:]
 
 
 @pytest.mark.slow
@@ -267,6 +314,68 @@ def test_folder_without_tokenizer_is_refused(model_dir: Path, tmp_path: Path) ->
     (bare / "config.json").write_text((model_dir / "config.json").read_text())
     with pytest.raises(HiResUserError, match="no tokenizer"):
         publish(bare, REPO_ID, dry_run=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def _damaged_copy(model_dir: Path, folder: Path, damage: str) -> Path:
+    """A copy of the source folder with one thing wrong, as a user might hand it to publish."""
+    folder.mkdir()
+    for item in model_dir.iterdir():
+        if item.is_file():
+            (folder / item.name).write_bytes(item.read_bytes())
+    if damage == "no-weights":
+        (folder / "model.safetensors").unlink()
+    elif damage == "truncated-weights":
+        weights = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    elif damage == "config-not-the-weights":
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "residual_size": 2 * config["residual_size"]}))
+    elif damage == "corrupt-tokenizer":
+        (folder / "tokenizer.json").write_text("{not json")
+    elif damage == "tokenizer-config-only":
+        (folder / "tokenizer.json").unlink()
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("no-weights", "cannot load the weights"),
+        ("truncated-weights", "cannot load the weights"),
+        ("config-not-the-weights", "do not match config.json"),
+        ("corrupt-tokenizer", "cannot load the tokenizer"),
+        ("tokenizer-config-only", "cannot load the tokenizer"),
+    ],
+)
+def test_invalid_folder_is_one_line_and_writes_nothing(
+    damage: str, message: str, model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = _damaged_copy(model_dir, tmp_path / "model", damage)
+    capsys.readouterr()
+    code, err = _cli(capsys, str(folder), "--repo-id", REPO_ID, "--dry-run", str(tmp_path / "out"))
+    errors = [line for line in err.splitlines() if "error" in line.lower()]  # besides transformers' progress bars
+    assert code == 2 and "Traceback" not in err
+    assert len(errors) == 1 and errors[0].startswith("hires-hf publish: error:") and message in errors[0], err
+    assert "LOAD REPORT" not in err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
+
+
+def test_folder_that_breaks_the_promise_is_one_line(
+    model_dir: Path, tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The final check on the built folder (only our module files, no pickles, shards as indexed) is a user error,
+    not a RuntimeError traceback: here a tokenizer whose saving leaves code of its own next to the weights."""
+    save_tokenizer = publish_module._save_tokenizer
+
+    def tokenizer_with_code(source: Path, staging: Path, model_max_length: int) -> None:
+        save_tokenizer(source, staging, model_max_length)
+        (staging / "tokenization_custom.py").write_text("class CustomTokenizer: ...\n")
+
+    monkeypatch.setattr(publish_module, "_save_tokenizer", tokenizer_with_code)
+    code, err = _cli(capsys, str(model_dir), "--repo-id", REPO_ID, "--dry-run", str(tmp_path / "out"))
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("hires-hf publish: error:") and "tokenization_custom.py" in err
     assert not (tmp_path / "out").exists()
 
 

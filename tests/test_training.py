@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from hires_hf import HiResConfig
 from hires_hf.cli import main as cli_main
 from hires_hf.training import (
     PackedDataset,
+    TrainSettings,
     build_tokenizer,
     encode_documents,
     load_default_corpus,
@@ -103,18 +106,8 @@ def test_local_jsonl_and_text_files_split_deterministically(tmp_path):
 @pytest.mark.parametrize("preset", ["tiny", "tiny-moe"], ids=["dense", "moe"])
 def test_short_run_lowers_validation_loss(preset, tokenizer, data, tmp_path):
     train, evaluation = data
-    result = train_model(
-        small_config(tokenizer, preset),
-        tokenizer,
-        train,
-        evaluation,
-        output_dir=tmp_path,
-        max_steps=30,
-        batch_size=8,
-        learning_rate=3e-3,
-        eval_steps=15,
-        progress=False,
-    )
+    settings = TrainSettings(max_steps=30, batch_size=8, learning_rate=3e-3, eval_steps=15, progress=False)
+    result = train_model(small_config(tokenizer, preset), tokenizer, train, evaluation, settings, output_dir=tmp_path)
     first_eval = next(row["eval_loss"] for row in result.history if "eval_loss" in row)
     assert result.final_eval_loss < first_eval - 0.3
     assert result.tokens_seen == 30 * 8 * BLOCK
@@ -123,7 +116,20 @@ def test_short_run_lowers_validation_loss(preset, tokenizer, data, tmp_path):
     assert ({"aux_loss", "z_loss"} <= logged) == (preset == "tiny-moe")  # router losses logged on their own
     reloaded = AutoModelForCausalLM.from_pretrained(result.model_dir)
     assert type(reloaded).__name__ == "HiResForCausalLM"
-    assert AutoTokenizer.from_pretrained(result.model_dir).get_vocab() == tokenizer.get_vocab()
+    saved_tokenizer = AutoTokenizer.from_pretrained(result.model_dir)
+    assert saved_tokenizer.get_vocab() == tokenizer.get_vocab()
+    assert saved_tokenizer.model_max_length == reloaded.config.max_position_embeddings  # not "no limit" (1e30)
+
+
+def test_a_mistyped_setting_is_refused_not_ignored(tokenizer, data, tmp_path):
+    """Keyword arguments override TrainSettings fields (the older call style); a name that is no field fails."""
+    train, evaluation = data
+    with pytest.raises(TypeError, match="learning_rat"):
+        train_model(
+            small_config(tokenizer), tokenizer, train, evaluation, TrainSettings(max_steps=1), output_dir=tmp_path,
+            learning_rat=1e-2,
+        )  # fmt: skip
+    assert not (tmp_path / "train_result.json").exists()
 
 
 class InterruptAt(TrainerCallback):
@@ -137,14 +143,14 @@ class InterruptAt(TrainerCallback):
 
 def test_resume_reproduces_the_uninterrupted_run(tokenizer, data, tmp_path):
     train, evaluation = data
-    options = dict(
+    settings = TrainSettings(
         max_steps=12, batch_size=4, learning_rate=3e-3, eval_steps=6, logging_steps=1, save_steps=4, progress=False
     )
     config = small_config(tokenizer)
-    full = train_model(config, tokenizer, train, evaluation, output_dir=tmp_path / "full", **options)
+    full = train_model(config, tokenizer, train, evaluation, settings, output_dir=tmp_path / "full")
     part = tmp_path / "part"
-    train_model(config, tokenizer, train, evaluation, output_dir=part, callbacks=[InterruptAt(4)], **options)
-    resumed = train_model(config, tokenizer, train, evaluation, output_dir=part, resume=True, **options)
+    train_model(config, tokenizer, train, evaluation, settings, output_dir=part, callbacks=[InterruptAt(4)])
+    resumed = train_model(config, tokenizer, train, evaluation, replace(settings, resume=True), output_dir=part)
 
     def losses(result):
         return {row["step"]: row["loss"] for row in result.history if "loss" in row}
@@ -162,17 +168,19 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch.distributed.tensor import DTensor
 from hires_hf import HiResConfig
-from hires_hf.training import PackedDataset, load_tokenizer, train_model
+from hires_hf.training import PackedDataset, TrainSettings, load_tokenizer, train_model
 
 torch.set_num_threads(1)
 data, out, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
 blocks = load_file(data / "blocks.safetensors")
+settings = TrainSettings(
+    max_steps=10, batch_size=8 // world, learning_rate=3e-3, eval_steps=10,
+    fsdp_size=world if mode == "fsdp" else None, progress=False,
+)
 result = train_model(
     HiResConfig.from_json_file(data / "config.json"), load_tokenizer(data / "tokenizer"),
-    PackedDataset(blocks["train"]), PackedDataset(blocks["eval"]), output_dir=out, max_steps=10,
-    batch_size=8 // world, learning_rate=3e-3, eval_steps=10, fsdp_size=world if mode == "fsdp" else None,
-    progress=False,
+    PackedDataset(blocks["train"]), PackedDataset(blocks["eval"]), settings, output_dir=out,
 )
 state = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().contiguous()
          for k, v in result.model.state_dict().items()}
@@ -198,18 +206,11 @@ def test_two_processes_match_one(mode, tokenizer, data, tmp_path):
     config.to_json_file(folder / "config.json")
     save_file({"train": train.blocks[:400].contiguous(), "eval": evaluation.blocks}, folder / "blocks.safetensors")
     (tmp_path / "worker.py").write_text(WORKER)
+    settings = TrainSettings(
+        max_steps=10, batch_size=8, learning_rate=3e-3, eval_steps=10, progress=False, save_model=False
+    )
     single = train_model(
-        config,
-        tokenizer,
-        PackedDataset(train.blocks[:400]),
-        evaluation,
-        output_dir=tmp_path / "single",
-        max_steps=10,
-        batch_size=8,
-        learning_rate=3e-3,
-        eval_steps=10,
-        progress=False,
-        save_model=False,
+        config, tokenizer, PackedDataset(train.blocks[:400]), evaluation, settings, output_dir=tmp_path / "single"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port"]
@@ -231,8 +232,10 @@ def test_two_processes_match_one(mode, tokenizer, data, tmp_path):
 
 # ------------------------------------------------------------------------------------------ the demo
 @pytest.mark.slow
-def test_demo_smoke_writes_table_plot_and_loadable_models(tmp_path, capsys):
+def test_demo_smoke_writes_table_plot_and_loadable_models(tmp_path, capsys, caplog):
+    caplog.set_level(logging.WARNING)
     assert cli_main(["demo", "--smoke", "--output-dir", str(tmp_path)]) == 0
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("lm_eval")] == []  # the tables stand out
     printed = capsys.readouterr().out
     table = (tmp_path / "table.md").read_text()
     assert "| hires |" in table and "| vanilla |" in table and table in printed
@@ -306,7 +309,28 @@ def test_cli_trains_then_continues_from_its_folder(text_file, tmp_path, capsys):
     )
     first = tmp_path / "a" / "model"
     assert (first / "tokenizer.json").is_file() and "validation loss" in capsys.readouterr().out
+    # The folder's tokenizer truncates where the model's context ends, and carries no loading flags.
+    tokenizer_config = json.loads((first / "tokenizer_config.json").read_text())
+    context = json.loads((first / "config.json").read_text())["max_position_embeddings"]
+    assert tokenizer_config["model_max_length"] == context
+    assert AutoTokenizer.from_pretrained(first).model_max_length == context
+    assert not {"is_local", "local_files_only"} & set(tokenizer_config)
     again = ["train", "--model", str(first), *common, "--max-steps", "2", "--output-dir", str(tmp_path / "b")]
     assert cli_main(again) == 0
+
+    # It starts where the folder left off: the continued run's step-0 validation loss (before any update) is the
+    # saved model's, which the first run measured on the same validation blocks at its last step. A fresh model
+    # (the folder ignored) would start near ln(vocab) instead.
+    first_run, continued = (_train_result(tmp_path / name) for name in ("a", "b"))
+    saved_model_loss = _eval_losses(first_run)[-1]
+    assert _eval_losses(continued)[0] == pytest.approx(saved_model_loss, abs=1e-5)
     before, after = (AutoModelForCausalLM.from_pretrained(p) for p in (first, tmp_path / "b" / "model"))
-    assert not torch.equal(before.lm_head.weight, after.lm_head.weight)  # it trained on, from those weights
+    assert not torch.equal(before.lm_head.weight, after.lm_head.weight)  # and it trained on from there
+
+
+def _train_result(output_dir: Path) -> dict:
+    return json.loads((output_dir / "train_result.json").read_text())
+
+
+def _eval_losses(result: dict) -> list[float]:
+    return [row["eval_loss"] for row in sorted(result["history"], key=lambda r: r["step"]) if "eval_loss" in row]

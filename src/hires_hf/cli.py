@@ -17,7 +17,8 @@ from huggingface_hub.errors import StrictDataclassError
 
 from .errors import HiResUserError
 
-# Modules whose `add_parsers` contribute sub-commands; a module that is not there yet is skipped.
+# Modules whose `add_parsers` contribute sub-commands. The package's own always import: if one fails, that is a
+# bug to see, not a command to drop quietly.
 COMMAND_MODULES = (
     "hires_hf.info",
     "hires_hf.conversion.cli",
@@ -26,23 +27,25 @@ COMMAND_MODULES = (
     "hires_hf.eval.cli",
     "hires_hf.diagnostics.cli",
     "hires_hf.publish",
-    "benchmarks.cli",
 )
+# `benchmarks/` belongs to the repository checkout, not the installed package: `hires-hf bench` exists only there.
+CHECKOUT_COMMAND_MODULES = ("benchmarks.cli",)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # `benchmarks/` belongs to the repository checkout, not the installed package: find it from the repo root.
     if (Path.cwd() / "benchmarks" / "cli.py").is_file() and str(Path.cwd()) not in sys.path:
-        sys.path.append(str(Path.cwd()))
+        sys.path.append(str(Path.cwd()))  # find the checkout's benchmarks from its root
     parser = argparse.ArgumentParser(prog="hires-hf", description="HiRes (Hierarchical Residuals) for transformers")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
+        importlib.import_module(name).add_parsers(subparsers)
+    for name in CHECKOUT_COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as error:
-            if error.name is not None and name.startswith(error.name):
-                continue  # that part of the package is not installed / not written
-            raise
+            if error.name not in (name, name.split(".")[0]):
+                raise  # the checkout is there but something it imports is not: show it
+            continue  # an installed package without the checkout
         module.add_parsers(subparsers)
     return parser
 

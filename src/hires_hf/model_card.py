@@ -155,11 +155,19 @@ def architecture_table(config: HiResConfig, seq_len: int = CARD_CONTEXT) -> str:
 
 
 def usage_snippet(repo_id: str, revision: str | None = None) -> str:
-    """Loading with remote code: the folder carries configuration_hires.py and modeling_hires.py."""
+    """Loading with remote code: the folder carries configuration_hires.py and modeling_hires.py.
+
+    The tokenizer is a plain fast tokenizer, yet its call needs the flag too: `AutoTokenizer` (transformers 5)
+    always reads config.json first, and a model type transformers does not know makes it ask, on the
+    terminal, whether to run the repo's code (and warn when refused). With the flag it only runs the config
+    class, silently. (tests/test_publish.py runs this snippet without hires_hf and checks it stays quiet.)
+    """
     extra = f', revision="{revision}"' if revision else ""
     return f"""```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+# trust_remote_code: config.json names the `hires` architecture, whose code ships in this repo;
+# AutoTokenizer reads that config too (the tokenizer itself is a plain fast tokenizer).
 tokenizer = AutoTokenizer.from_pretrained("{repo_id}"{extra}, trust_remote_code=True)
 model = AutoModelForCausalLM.from_pretrained("{repo_id}"{extra}, trust_remote_code=True)
 

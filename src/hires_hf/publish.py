@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,13 +30,16 @@ from huggingface_hub import HfApi, get_token
 from huggingface_hub import constants as hub_constants
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 from huggingface_hub.utils import validate_repo_id as hub_validate_repo_id
+from safetensors import SafetensorError
 from transformers import AutoTokenizer
 
 from .configuration_hires import HUB_AUTO_MAP
-from .errors import HiResUserError
+from .errors import HiResUserError, first_line
 from .info import load_config
+from .io import write_json_atomic
 from .model_card import build_model_card
 from .modeling_hires import HiResForCausalLM
+from .training.tokenizer import save_tokenizer
 
 try:  # huggingface_hub >= 2 talks through httpx2, 1.x through httpx
     from httpx2 import TransportError
@@ -159,7 +164,7 @@ def build_hub_folder(
     staging = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         _save_model(model_dir, staging, max_shard_size)
-        _save_tokenizer(tokenizer_source, staging)
+        _save_tokenizer(tokenizer_source, staging, config.max_position_embeddings)
         _complete_auto_map(staging / "config.json")
         card.save(staging / "README.md")
         _check_hub_folder(staging)
@@ -172,13 +177,52 @@ def build_hub_folder(
 
 def _save_model(model_dir: Path, staging: Path, max_shard_size: str | int) -> None:
     """Load and save again: sharded safetensors, config with auto_map, module files, generation config."""
-    model, loading = HiResForCausalLM.from_pretrained(model_dir, dtype="auto", output_loading_info=True)
+    try:
+        with _no_loading_report():  # its findings become the one-line errors below
+            model, loading = HiResForCausalLM.from_pretrained(
+                model_dir, dtype="auto", output_loading_info=True, ignore_mismatched_sizes=True
+            )
+    except (OSError, SafetensorError) as error:  # no weights, or a truncated / corrupt shard
+        raise HiResUserError(
+            f"cannot load the weights in {model_dir} ({first_line(error)}); publish a folder written by "
+            "save_pretrained, with all its safetensors shards."
+        ) from error
+    if loading["mismatched_keys"]:
+        key, saved, expected = sorted(loading["mismatched_keys"])[0]
+        raise HiResUserError(
+            f"{model_dir}: the weights do not match config.json ({key} is {tuple(saved)} in the file, "
+            f"{tuple(expected)} by the config); publish the config.json the weights were saved with."
+        )
     if loading["missing_keys"]:
         missing = ", ".join(sorted(loading["missing_keys"])[:4])
         raise HiResUserError(
             f"{model_dir} lacks weights of a HiResForCausalLM ({missing}, ...); publish a causal-LM checkpoint."
         )
+    if loading["unexpected_keys"]:
+        unused = ", ".join(sorted(loading["unexpected_keys"])[:4])
+        raise HiResUserError(
+            f"{model_dir} holds weights a HiResForCausalLM with its config.json does not use ({unused}, ...); "
+            "publishing would drop them: publish the config.json the weights were saved with."
+        )
     model.save_pretrained(staging, max_shard_size=max_shard_size)
+
+
+@contextmanager
+def _no_loading_report() -> Iterator[None]:
+    """transformers logs a multi-line load report (missing / unexpected / mismatched weights) before returning;
+    publish turns each finding into one line instead, so that report alone is held back while it loads."""
+    logger = logging.getLogger("transformers.modeling_utils")
+    report = _DropLoadReport()
+    logger.addFilter(report)
+    try:
+        yield
+    finally:
+        logger.removeFilter(report)
+
+
+class _DropLoadReport(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
 
 
 def _tokenizer_source(model_dir: Path, tokenizer: str | Path | None) -> Path:
@@ -193,15 +237,26 @@ def _tokenizer_source(model_dir: Path, tokenizer: str | Path | None) -> Path:
     return source
 
 
-def _save_tokenizer(source: Path, staging: Path) -> None:
-    AutoTokenizer.from_pretrained(source, local_files_only=True).save_pretrained(staging)
+def _save_tokenizer(source: Path, staging: Path, model_max_length: int) -> None:
+    """Load the tokenizer and save it as the model's own (truncating at its context, no loading flags).
+
+    No custom tokenizer code is run or shipped: the folder promises only the model's two module files.
+    """
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, TypeError) as error:
+        raise HiResUserError(
+            f"cannot load the tokenizer in {source} ({first_line(error)}); save a tokenizer there with "
+            "tokenizer.save_pretrained (tokenizer.json + tokenizer_config.json), or pass --tokenizer DIR."
+        ) from error
+    save_tokenizer(tokenizer, staging, model_max_length)
 
 
 def _complete_auto_map(config_path: Path) -> None:
     """Map every Auto class the module files serve, so AutoModel / classification also load remotely."""
     fields: dict[str, Any] = json.loads(config_path.read_text())
     fields["auto_map"] = {**fields.get("auto_map", {}), **HUB_AUTO_MAP}
-    config_path.write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n")
+    write_json_atomic(config_path, fields, sort_keys=True)
 
 
 def _check_hub_folder(folder: Path) -> None:
@@ -220,7 +275,10 @@ def _check_hub_folder(folder: Path) -> None:
     if weights != indexed:
         problems.append(f"weights {sorted(weights)} do not match the shard index {sorted(indexed)}")
     if problems:
-        raise RuntimeError(f"the Hub folder at {folder} is not what publish promises: {'; '.join(problems)}")
+        raise HiResUserError(
+            f"the Hub folder built from these inputs is not what publish promises ({'; '.join(problems)}); nothing "
+            "was written. Publish a HiRes checkpoint and a tokenizer that needs no code of its own."
+        )
 
 
 # ---------------------------------------------------------------------------------------------- upload

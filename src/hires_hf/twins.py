@@ -67,6 +67,12 @@ def vanilla_config(config: HiResConfig) -> PreTrainedConfig:
     return Qwen3Config(**shared, intermediate_size=config.intermediate_size, attention_bias=biased)
 
 
+def num_experts(config: PreTrainedConfig) -> int:
+    """Experts per MoE layer of a HiRes or any transformers config; 0 for a dense model. The one MoE check:
+    families name the field differently (HiRes, OLMoE, Qwen3-MoE `num_experts`; Mixtral `num_local_experts`)."""
+    return int(getattr(config, "num_experts", 0) or getattr(config, "num_local_experts", 0) or 0)
+
+
 def _require_twin(ok: bool, config: HiResConfig, family: str) -> None:
     if not ok:
         raise ValueError(
@@ -76,4 +82,4 @@ def _require_twin(ok: bool, config: HiResConfig, family: str) -> None:
         )
 
 
-__all__ = ["vanilla_config"]
+__all__ = ["num_experts", "vanilla_config"]

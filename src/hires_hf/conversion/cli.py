@@ -40,8 +40,8 @@ def summary(report: ConversionReport) -> str:
             check += f" (tolerance {report.tolerance:.3g}): OK"
         lines.append(check)
         lines.append(
-            f"check: loss on a small sample {report.source_loss:.4f} (source) -> {report.hires_loss:.4f} (HiRes), "
-            f"shift {report.hires_loss - report.source_loss:+.4f}"
+            f"check: loss on {report.loss_sample}: {report.source_loss:.4f} (source) -> {report.hires_loss:.4f} "
+            f"(HiRes), shift {report.hires_loss - report.source_loss:+.4f}"
         )
     return "\n".join(lines)
 

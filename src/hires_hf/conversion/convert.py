@@ -29,8 +29,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from ..configuration_hires import HiResConfig
-from ..errors import HiResUserError
+from ..configuration_hires import HUB_AUTO_MAP, HiResConfig
+from ..errors import HiResUserError, first_line
 from .keymaps import IGNORED_SOURCE_SUFFIXES, KEY_MAPS, Rule
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -71,6 +71,7 @@ class ConversionReport:
     tolerance: float | None = None
     source_loss: float | None = None
     hires_loss: float | None = None
+    loss_sample: str | None = None  # what the two losses were measured on (text, or random ids and why)
     notes: list[str] = field(default_factory=list)
 
 
@@ -527,12 +528,7 @@ def write_config(config: HiResConfig, folder: Path) -> None:
     own `save_pretrained` writes only its AutoConfig entry and file.
     """
     config.architectures = ["HiResForCausalLM"]
-    config.auto_map = {
-        "AutoConfig": "configuration_hires.HiResConfig",
-        "AutoModel": "modeling_hires.HiResModel",
-        "AutoModelForCausalLM": "modeling_hires.HiResForCausalLM",
-        "AutoModelForSequenceClassification": "modeling_hires.HiResForSequenceClassification",
-    }
+    config.auto_map = dict(HUB_AUTO_MAP)
     config.save_pretrained(folder)
     package = Path(__file__).resolve().parent.parent  # src/hires_hf: the files `save_pretrained` would copy
     for module in ("configuration_hires.py", "modeling_hires.py"):
@@ -551,11 +547,18 @@ def copy_side_files(source: Path, folder: Path, config: HiResConfig) -> list[str
     return copied
 
 
-@contextmanager
-def staging_folder(destination: Path, force: bool) -> Iterator[Path]:
-    """A temporary folder next to DST that becomes DST only if the body succeeds, and vanishes otherwise."""
+def check_destination(source: Path, destination: Path, force: bool) -> None:
+    """DST may be written: not SRC itself, and not an existing path unless --force (checked once, up front)."""
+    if destination.resolve() == source.resolve():
+        raise HiResUserError("DST is SRC; write the HiRes model to another folder.")
     if destination.exists() and not force:
         raise HiResUserError(f"DST {destination} already exists; pass --force to replace it.")
+
+
+@contextmanager
+def staging_folder(destination: Path) -> Iterator[Path]:
+    """A temporary folder next to DST that becomes DST only if the body succeeds, and vanishes otherwise; an
+    existing DST (allowed by check_destination) is swapped out only then."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = destination.parent / f".{destination.name}.converting-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -578,15 +581,23 @@ def staging_folder(destination: Path, force: bool) -> Iterator[Path]:
 
 
 # ---------------------------------------------------------------------------------------------- the check
+@dataclass
+class LogitCheck:
+    """Source and result on the same ids: the largest logit difference, its scale, and both losses on `sample`."""
+
+    max_abs_diff: float
+    max_abs_source_logit: float
+    source_loss: float
+    hires_loss: float
+    sample: str  # what the losses are measured on: text, or random ids (and why)
+
+
 @torch.no_grad()
 def compare_logits(
     source: Path, result: Path, dtype: torch.dtype | None, seq_len: int = 16, seed: int = 0
-) -> tuple[float, float, float, float]:
-    """Source and result on the same ids, in float32 from the same stored weights.
-
-    Returns (max |Δ logits|, max |source logits|, source loss, HiRes loss); the losses are on a short English
-    sample when SRC has a tokenizer, on the random ids otherwise.
-    """
+) -> LogitCheck:
+    """Source and result on the same random ids, in float32 from the same stored weights; their losses on a short
+    English sample when SRC has a tokenizer that encodes it, on the random ids otherwise."""
     from transformers import AutoModelForCausalLM
 
     load_dtype = dtype or "auto"
@@ -596,21 +607,39 @@ def compare_logits(
     length = min(seq_len, hires.config.max_position_embeddings)  # the context the HiRes model claims
     ids = torch.randint(0, vanilla.config.vocab_size, (2, length), generator=generator)
     source_logits, hires_logits = vanilla(ids).logits, hires(ids).logits
-    diff = (source_logits - hires_logits).abs().max().item()
-    sample = _sample_ids(source, vanilla.config.vocab_size, ids)
-    source_loss = vanilla(sample, labels=sample).loss.item()
-    hires_loss = hires(sample, labels=sample).loss.item()
-    return diff, source_logits.abs().max().item(), source_loss, hires_loss
+    context = hires.config.max_position_embeddings
+    sample, described = sample_ids(source, vanilla.config.vocab_size, context, fallback=ids)
+    return LogitCheck(
+        max_abs_diff=(source_logits - hires_logits).abs().max().item(),
+        max_abs_source_logit=source_logits.abs().max().item(),
+        source_loss=vanilla(sample, labels=sample).loss.item(),
+        hires_loss=hires(sample, labels=sample).loss.item(),
+        sample=described,
+    )
 
 
-def _sample_ids(source: Path, vocab_size: int, fallback: torch.Tensor) -> torch.Tensor:
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+TEXT_SAMPLE = "a short English sample"
+
+
+def sample_ids(source: Path, vocab_size: int, max_length: int, fallback: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """SAMPLE_TEXT in SRC's tokenizer (cut to the context), and what it is; `fallback` ids, and why, where SRC has
+    no tokenizer, one that does not load, or one whose ids the model cannot take. Losses on random ids sit near
+    ln(vocab) and say nothing about text, so the report names which it was."""
+    if not any((source / name).is_file() for name in TOKENIZER_FILES):
+        return fallback, "random token ids (SRC has no tokenizer)"
+    from transformers import AutoTokenizer
+
     try:
-        from transformers import AutoTokenizer
-
-        ids = AutoTokenizer.from_pretrained(source)(SAMPLE_TEXT, return_tensors="pt").input_ids
-    except Exception:  # no tokenizer in SRC: the random ids serve as the sample
-        return fallback
-    return ids if ids.numel() > 1 and int(ids.max()) < vocab_size else fallback
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as error:  # missing or damaged tokenizer files, an unknown tokenizer class
+        return fallback, f"random token ids (SRC's tokenizer does not load: {first_line(error)})"
+    ids = tokenizer(SAMPLE_TEXT, return_tensors="pt").input_ids[:, :max_length]
+    if ids.numel() < 2:
+        return fallback, "random token ids (SRC's tokenizer encodes the sample as fewer than 2 tokens)"
+    if int(ids.max()) >= vocab_size:
+        return fallback, f"random token ids (SRC's tokenizer has ids beyond the model's vocab_size {vocab_size})"
+    return ids, TEXT_SAMPLE
 
 
 # ---------------------------------------------------------------------------------------------- entry point
@@ -644,12 +673,9 @@ def convert(
     `tolerance` (exact only) bounds max |Δ logits|; by default 1e-4 * max(1, max |source logits|).
     """
     source, destination = resolve_source(src), Path(dst)
-    if destination.resolve() == source.resolve():
-        raise HiResUserError("DST is SRC; write the HiRes model to another folder.")
+    check_destination(source, destination, force)
     if dtype != "auto" and dtype not in DTYPES:
         raise HiResUserError(f"--dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}.")
-    if destination.exists() and not force:
-        raise HiResUserError(f"DST {destination} already exists; pass --force to replace it.")
     model_type, source_config = read_source_config(source)
     checkpoint = SourceCheckpoint(source)
     out_dtype = DTYPES.get(dtype)
@@ -665,7 +691,7 @@ def convert(
     )
     steps = plan(KEY_MAPS[model_type], config, checkpoint, bool(source_config.tie_word_embeddings))
 
-    with staging_folder(destination, force) as staging:
+    with staging_folder(destination) as staging:
         num_shards = write_weights(steps, checkpoint, staging, out_dtype, parse_size(max_shard_size))
         write_config(config, staging)
         copy_side_files(source, staging, config)
@@ -693,11 +719,13 @@ def _check(
     exact: bool,
     tolerance: float | None,
 ) -> None:
-    diff, scale, source_loss, hires_loss = compare_logits(source, staging, dtype)
-    report.max_abs_logit_diff, report.source_loss, report.hires_loss = diff, source_loss, hires_loss
+    check = compare_logits(source, staging, dtype)
+    report.max_abs_logit_diff, report.loss_sample = check.max_abs_diff, check.sample
+    report.source_loss, report.hires_loss = check.source_loss, check.hires_loss
     if not exact:
         return
-    report.tolerance = tolerance if tolerance is not None else 1e-4 * max(1.0, scale)
+    diff = check.max_abs_diff
+    report.tolerance = tolerance if tolerance is not None else 1e-4 * max(1.0, check.max_abs_source_logit)
     if not math.isfinite(diff) or diff > report.tolerance:
         raise ConversionCheckError(
             f"exact conversion check failed: max |Δ logits| = {diff:.3g} > tolerance {report.tolerance:.3g}; "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from ..errors import HiResUserError
@@ -58,7 +57,8 @@ def run_perplexity(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .harness import check_model, write_atomic
+    from ..io import write_json_atomic
+    from .harness import check_model
     from .perplexity import sliding_window_perplexity
 
     for name in ("window", "stride", "batch_size"):
@@ -90,12 +90,12 @@ def run_perplexity(args: argparse.Namespace) -> int:
         f"word perplexity {result.word_perplexity:.4f}"
     )
     if args.out:
-        write_atomic(Path(args.out), json.dumps({"model": args.model, "file": args.file, **result.as_dict()}) + "\n")
+        write_json_atomic(Path(args.out), {"model": args.model, "file": args.file, **result.as_dict()}, indent=None)
     return 0
 
 
 def run_scaling(args: argparse.Namespace) -> int:
-    from .harness import write_atomic
+    from ..io import write_json_atomic
     from .scaling import analyse, plot_fits, read_runs, report_table
 
     if args.bootstrap < 0:
@@ -111,7 +111,7 @@ def run_scaling(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     out_dir = Path(args.out_dir or Path(args.runs).parent)
-    write_atomic(out_dir / "scaling_fit.json", json.dumps(report.as_dict(), indent=2) + "\n")
+    write_json_atomic(out_dir / "scaling_fit.json", report.as_dict())
     plot = plot_fits(report, out_dir / "scaling_fit.png")
     print(report_table(report))
     if not report.multipliers:

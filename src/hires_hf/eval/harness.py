@@ -8,15 +8,16 @@ the optional `eval` extra and is imported only when evaluating.
 from __future__ import annotations
 
 import difflib
-import json
-import os
+import logging
 import re
-import tempfile
-from collections.abc import Sequence
+import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..errors import HiResUserError  # importing hires_hf.* runs hires_hf/__init__, which registers HiRes
+from ..io import write_json_atomic, write_text_atomic
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 OFFLINE_TASKS = ("stdlib_next_line", "stdlib_perplexity")
@@ -101,23 +102,99 @@ def evaluate(
     import lm_eval
     import torch
 
-    model_args = {"pretrained": model, "dtype": dtype, "trust_remote_code": trust_remote_code}
-    results = lm_eval.simple_evaluate(
-        model="hf",
-        model_args=model_args,
-        tasks=list(tasks),
-        num_fewshot=num_fewshot,
-        batch_size=batch_size,
-        device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
-        limit=limit,
-        bootstrap_iters=bootstrap_iters,
-        log_samples=False,
-        task_manager=manager,
-    )
+    model_args = {
+        "pretrained": model,
+        "dtype": dtype,
+        "trust_remote_code": trust_remote_code,
+        "backend": _backend(model, trust_remote_code),
+    }
+    with quiet_lm_eval():
+        results = lm_eval.simple_evaluate(
+            model="hf",
+            model_args=model_args,
+            tasks=list(tasks),
+            num_fewshot=num_fewshot,
+            batch_size=batch_size,
+            device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
+            limit=limit,
+            bootstrap_iters=bootstrap_iters,
+            log_samples=False,
+            task_manager=manager,
+        )
     if results is None:  # only non-zero ranks of a distributed run get None
         return {}
     results.pop("samples", None)
     return results
+
+
+def _backend(model: str, trust_remote_code: bool) -> str:
+    """The lm-eval backend: "causal" for a causal LM its name tables miss, else lm-eval's own choice ("default").
+
+    lm-eval tells causal from seq2seq models by transformers' static lists of model types, which cannot hold an
+    architecture registered at run time such as HiRes; it then warns that the type is unknown and guesses
+    causal. Saying so ourselves keeps the answer and drops the warning.
+    """
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING,
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    )
+
+    try:
+        config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return "default"  # lm-eval loads it itself and reports the problem
+    known = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.keys() | MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.keys()
+    registered_causal = type(config) in MODEL_FOR_CAUSAL_LM_MAPPING
+    return "causal" if config.model_type not in known and registered_causal else "default"
+
+
+# lm-eval's advice to pass `--metadata` on its own command line, logged for every task with a custom loader
+# (ours, and any --include-path task built the same way); `hires-hf eval` has no such option.
+_METADATA_ADVICE = "Custom kwargs can be passed to `--metadata`"
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, *fragments: str) -> None:
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(fragment in message for fragment in self.fragments)
+
+
+def _git_commit_quietly() -> str | None:
+    """What lm-eval records as `git_hash`, without letting git's 'fatal: not a git repository' reach the terminal."""
+    try:
+        done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
+
+
+@contextmanager
+def quiet_lm_eval() -> Iterator[None]:
+    """While our lm-eval calls run, drop what is no news to our users, and only that: the `--metadata` advice,
+    and git's complaint when the working directory is not a repository. Real warnings (a task's bad label, a
+    few-shot split missing) still show; the results table is what remains on screen."""
+    import lm_eval.evaluator
+
+    task_logger = logging.getLogger("lm_eval.api.task")
+    noise = _DropMessages(_METADATA_ADVICE)
+    task_logger.addFilter(noise)
+    original = getattr(lm_eval.evaluator, "get_git_commit_hash", None)
+    if original is not None:
+        lm_eval.evaluator.get_git_commit_hash = _git_commit_quietly
+    try:
+        yield
+    finally:
+        task_logger.removeFilter(noise)
+        if original is not None:
+            lm_eval.evaluator.get_git_commit_hash = original
 
 
 def _metrics(task_results: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -167,23 +244,13 @@ def results_table(results_by_model: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder, then rename: never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(handle, "w", encoding="utf-8") as file:
-        file.write(text)
-    os.chmod(temporary, 0o644)
-    os.replace(temporary, path)
-
-
 def write_results(out: Path, results_by_model: dict[str, dict[str, Any]], table: str) -> tuple[Path, Path]:
     """The full results as JSON at `out` and the table as markdown next to it (same name, `.md`)."""
     from lm_eval.utils import handle_non_serializable
 
     markdown = out.with_suffix(".md")
-    write_atomic(out, json.dumps({"models": results_by_model}, indent=2, default=handle_non_serializable) + "\n")
-    write_atomic(markdown, table + "\n")
+    write_json_atomic(out, {"models": results_by_model}, default=handle_non_serializable)
+    write_text_atomic(markdown, table + "\n")
     return out, markdown
 
 
@@ -193,8 +260,8 @@ __all__ = [
     "check_model",
     "evaluate",
     "model_labels",
+    "quiet_lm_eval",
     "results_table",
     "task_manager",
-    "write_atomic",
     "write_results",
 ]

@@ -5,19 +5,27 @@ The Python API other parts reuse (e.g. the scaling ladder in `hires_hf.eval`):
     corpus = load_default_corpus(max_chars=2_000_000)
     tokenizer = build_tokenizer(corpus.train, vocab_size=512)
     train = PackedDataset(pack(encode_documents(tokenizer, corpus.train), 128, tokenizer.eos_token_id))
-    result = train_model(config, tokenizer, train, eval_data, max_steps=200, output_dir="runs/x")
+    result = train_model(config, tokenizer, train, eval_data, TrainSettings(max_steps=200), output_dir="runs/x")
     result.final_eval_loss, result.flops, result.eval_curve()
 """
 
 from .data import Corpus, PackedDataset, load_default_corpus, load_hub_dataset, load_text_files, pack
-from .tokenizer import build_tokenizer, check_vocab, encode_documents, load_tokenizer, special_token_ids
-from .trainer import HiResTrainer, TrainResult, train_flops_per_token, train_model
+from .tokenizer import (
+    build_tokenizer,
+    check_vocab,
+    encode_documents,
+    load_tokenizer,
+    save_tokenizer,
+    special_token_ids,
+)
+from .trainer import HiResTrainer, TrainResult, TrainSettings, train_flops_per_token, train_model
 
 __all__ = [
     "Corpus",
     "HiResTrainer",
     "PackedDataset",
     "TrainResult",
+    "TrainSettings",
     "build_tokenizer",
     "check_vocab",
     "encode_documents",
@@ -26,6 +34,7 @@ __all__ = [
     "load_text_files",
     "load_tokenizer",
     "pack",
+    "save_tokenizer",
     "special_token_ids",
     "train_flops_per_token",
     "train_model",

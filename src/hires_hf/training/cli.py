@@ -20,8 +20,8 @@ from ..errors import HiResUserError
 from ..info import load_config
 from .data import Corpus, PackedDataset, load_default_corpus, load_hub_dataset, load_text_files, pack
 from .demo import DemoSettings, run_demo
-from .tokenizer import build_tokenizer, encode_documents, load_tokenizer, special_token_ids
-from .trainer import ensure_writable, require_checkpoint, train_model
+from .tokenizer import build_tokenizer, encode_documents, load_tokenizer, save_tokenizer, special_token_ids
+from .trainer import TrainSettings, ensure_writable, require_checkpoint, train_model
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -44,12 +44,7 @@ def run_train(args: argparse.Namespace) -> int:
     eval_blocks = pack(encode_documents(tokenizer, corpus.validation), args.block_size, tokenizer.eos_token_id)
     eval_data = PackedDataset(eval_blocks[: args.eval_blocks])
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    result = train_model(
-        args.model if pretrained else config,
-        tokenizer,
-        train_data,
-        eval_data,
-        output_dir=output_dir,
+    settings = TrainSettings(
         max_steps=args.max_steps,
         batch_size=args.batch_size,
         gradient_accumulation_steps=args.grad_accum,
@@ -65,6 +60,9 @@ def run_train(args: argparse.Namespace) -> int:
         tf32=args.tf32,
         activation_checkpointing=args.activation_checkpointing,
         fsdp_size=world if args.fsdp else None,
+    )
+    result = train_model(
+        args.model if pretrained else config, tokenizer, train_data, eval_data, settings, output_dir=output_dir
     )
     if int(os.environ.get("RANK", "0")) == 0:
         print(
@@ -132,7 +130,7 @@ def _tokenizer_for(args: argparse.Namespace, config, corpus: Corpus, output_dir:
     if _rank() == 0:
         tokenizer = build_tokenizer(corpus.train, vocab_size=vocab_size, sample_chars=args.tokenizer_sample_chars)
         staging = folder.with_name("tokenizer.tmp")
-        tokenizer.save_pretrained(staging)
+        save_tokenizer(tokenizer, staging, config.max_position_embeddings)
         if folder.exists():
             shutil.rmtree(folder)
         staging.rename(folder)

@@ -6,6 +6,7 @@ still encodes all of it. The tokenizer is saved next to the model so that the fo
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedConfig, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from ..errors import HiResUserError
+from ..io import write_json_atomic
 
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
@@ -76,6 +78,28 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+# Loading options transformers 5 keeps in a loaded tokenizer's init kwargs and writes back on save_pretrained.
+LOADING_FLAGS = ("is_local", "local_files_only")
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, folder: str | Path, model_max_length: int | None) -> None:
+    """Save `tokenizer` as a model folder's own: `model_max_length` is the model's context, no loading flags.
+
+    A tokenizer built in memory says `model_max_length: 1e30` (no limit), so pipelines and lm-eval never truncate
+    to what the model can attend over; one loaded with `from_pretrained` and saved again carries `is_local` /
+    `local_files_only`, which would then apply to whoever loads the folder. The caller's object is left as is;
+    `model_max_length=None` (a model without a context length) keeps the tokenizer's own.
+    """
+    tokenizer.save_pretrained(folder)
+    path = Path(folder) / "tokenizer_config.json"
+    fields = json.loads(path.read_text(encoding="utf-8"))
+    for flag in LOADING_FLAGS:
+        fields.pop(flag, None)
+    if model_max_length is not None:
+        fields["model_max_length"] = int(model_max_length)
+    write_json_atomic(path, fields, sort_keys=True)  # the layout save_pretrained writes
+
+
 def check_vocab(tokenizer: PreTrainedTokenizerBase, config: PreTrainedConfig) -> None:
     """A token id at or above `vocab_size` would index past the embedding: refuse the pair up front."""
     if len(tokenizer) > config.vocab_size:
@@ -113,5 +137,6 @@ __all__ = [
     "check_vocab",
     "encode_documents",
     "load_tokenizer",
+    "save_tokenizer",
     "special_token_ids",
 ]

@@ -13,13 +13,12 @@ What this adds to a plain `Trainer`:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,9 @@ from transformers.trainer_utils import get_last_checkpoint
 from ..accounting import forward_flops_per_token
 from ..configuration_hires import HiResConfig
 from ..errors import HiResUserError
-from .tokenizer import check_vocab
+from ..io import write_json_atomic
+from ..twins import num_experts
+from .tokenizer import check_vocab, save_tokenizer
 
 ROUTER_LOSSES = ("aux_loss", "z_loss")
 
@@ -82,7 +83,7 @@ def train_flops_per_token(config: PreTrainedConfig, seq_len: int) -> float:
 
 def _as_hires_shape(config: PreTrainedConfig) -> HiResConfig:
     """The HiRes config whose vanilla layers are those of a Llama / Qwen3 / OLMoE config (for FLOP counting)."""
-    experts = getattr(config, "num_experts", 0) or getattr(config, "num_local_experts", 0) or 0
+    experts = num_experts(config)
     try:
         return HiResConfig(
             vocab_size=config.vocab_size,
@@ -178,8 +179,7 @@ class HiResTrainer(Trainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        config = self.model.config
-        self.is_moe = bool(getattr(config, "num_experts", 0) or getattr(config, "num_local_experts", 0))
+        self.is_moe = num_experts(self.model.config) > 0
         self.router_sums = dict.fromkeys(ROUTER_LOSSES, 0.0)
         self.router_count = 0
         self.eval_seconds = 0.0
@@ -214,141 +214,175 @@ class HiResTrainer(Trainer):
 
 
 # ---------------------------------------------------------------------------------------------------- entry point
+@dataclass(frozen=True)
+class TrainSettings:
+    """How one run trains, in one value that callers build once and pass around (the demo and the ladder keep
+    their own sizes in settings dataclasses the same way).
+
+    `max_steps` optimizer steps, or fewer if `max_seconds` of wall clock run out. Left as None: `warmup_steps` is
+    5% of the steps, `eval_steps` gives ~10 evaluations and `logging_steps` ~50 log rows per run, and
+    `flops_per_token` is counted from the model's config. `save_steps=0` writes no checkpoints (`resume` needs
+    them). `fsdp_size` > 1 shards the model with native FSDP2 (under torchrun); otherwise several torchrun
+    processes run DDP. The model and its tokenizer are saved to `<output_dir>/model` unless `save_model=False`.
+    """
+
+    max_steps: int
+    batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 1e-3
+    warmup_steps: int | None = None
+    weight_decay: float = 0.1
+    eval_steps: int | None = None
+    logging_steps: int | None = None
+    save_steps: int = 0
+    seed: int = 0
+    resume: bool = False
+    max_seconds: float | None = None
+    flops_per_token: float | None = None
+    bf16: bool = False
+    tf32: bool = False
+    activation_checkpointing: bool = False
+    fsdp_size: int | None = None
+    progress: bool = True
+    save_model: bool = True
+
+    @property
+    def fsdp(self) -> bool:
+        """Shard with FSDP2 (more than one shard asked for)."""
+        return bool(self.fsdp_size and self.fsdp_size > 1)
+
+
 def train_model(
     model: PreTrainedConfig | PreTrainedModel | str | Path,
     tokenizer: PreTrainedTokenizerBase,
     train_data: Dataset,
     eval_data: Dataset,
+    settings: TrainSettings | None = None,
     *,
     output_dir: str | Path,
-    max_steps: int,
-    batch_size: int = 8,
-    gradient_accumulation_steps: int = 1,
-    learning_rate: float = 1e-3,
-    warmup_steps: int | None = None,
-    weight_decay: float = 0.1,
-    eval_steps: int | None = None,
-    logging_steps: int | None = None,
-    save_steps: int = 0,
-    seed: int = 0,
-    resume: bool = False,
-    max_seconds: float | None = None,
-    flops_per_token: float | None = None,
-    bf16: bool = False,
-    tf32: bool = False,
-    activation_checkpointing: bool = False,
-    fsdp_size: int | None = None,
     callbacks: Sequence[TrainerCallback] = (),
-    progress: bool = True,
-    save_model: bool = True,
+    **overrides: Any,
 ) -> TrainResult:
     """Train a causal LM on packed blocks with AdamW + warmup + cosine; evaluate on `eval_data`.
 
-    `model`: a config (trained from scratch, seeded by `seed`), a model, or a folder to continue from.
-    `max_steps` optimizer steps (or fewer if `max_seconds` runs out); `eval_steps` defaults to ~10 evaluations
-    per run, `warmup_steps` to 5% of the steps, `save_steps=0` writes no checkpoints (`resume` needs them).
-    `fsdp_size` > 1 shards the model with native FSDP2 (under torchrun); otherwise several torchrun processes
-    run DDP. The model, with `tokenizer`, is saved to `<output_dir>/model` unless `save_model=False`.
+    `model`: a config (trained from scratch, seeded by the settings' seed), a model, or a folder to continue from.
+    `settings` says how (see TrainSettings); keyword arguments named like its fields override it, which keeps the
+    older call style working: `train_model(config, tok, train, valid, output_dir=out, max_steps=200)`.
     """
+    settings = _with_overrides(settings, overrides)
     output_dir = Path(output_dir)
-    ensure_writable(output_dir)
-    block_size = int(train_data[0]["input_ids"].shape[-1])
-    fsdp = bool(fsdp_size and fsdp_size > 1)
-    if fsdp and resume:
-        raise HiResUserError("--resume is not available with FSDP2 (transformers cannot checkpoint its optimizer).")
-    checkpoints = output_dir / "checkpoints"
-    if resume:
-        require_checkpoint(output_dir)
-
-    args = _training_arguments(
-        checkpoints,
-        max_steps=max_steps,
-        batch_size=batch_size,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        learning_rate=learning_rate,
-        warmup_steps=max(1, round(0.05 * max_steps)) if warmup_steps is None else warmup_steps,
-        weight_decay=weight_decay,
-        eval_steps=eval_steps or max(1, max_steps // 10),
-        logging_steps=logging_steps or max(1, max_steps // 50),
-        save_steps=save_steps,
-        seed=seed,
-        bf16=bf16,
-        tf32=tf32,
-        activation_checkpointing=activation_checkpointing,
-        fsdp=fsdp,
-        progress=progress,
-    )
-    model = _build_model(model, args, seed, fsdp_size if fsdp else None, output_dir)
+    _check_run(output_dir, settings)
+    args = _training_arguments(output_dir / "checkpoints", settings)
+    model = _build_model(model, args, settings, output_dir)
     check_vocab(tokenizer, model.config)
-    if flops_per_token is None:
-        flops_per_token = train_flops_per_token(model.config, block_size)
-    tokens_per_step = batch_size * gradient_accumulation_steps * args.world_size * block_size
-    history = HistoryCallback(tokens_per_step, flops_per_token)
+
+    history = _history(model.config, train_data, settings, args.world_size)
     trainer = HiResTrainer(
         model=model,
         args=args,
         train_dataset=train_data,
         eval_dataset=eval_data,
         processing_class=tokenizer,
-        callbacks=[history, StopCallback(max_seconds), *callbacks],
+        callbacks=[history, StopCallback(settings.max_seconds), *callbacks],
     )
-    if progress:
+    if settings.progress:  # one bar with the latest losses, instead of a printed dict per log
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(LossBarCallback())
-    start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=True if resume else None)
-    seconds = time.perf_counter() - start
-    params = sum(p.numel() for p in trainer.model.parameters()) if not fsdp else _global_params(trainer.model)
 
-    model_dir = _save_final(trainer, output_dir / "model") if save_model else None
-    result = _result(trainer, history, flops_per_token, tokens_per_step, params, seconds, model_dir)
+    start = time.perf_counter()
+    trainer.train(resume_from_checkpoint=True if settings.resume else None)
+    seconds = time.perf_counter() - start
+
+    model_dir = _save_final(trainer, output_dir / "model") if settings.save_model else None
+    result = _result(trainer, history, seconds, model_dir, fsdp=settings.fsdp)
     if args.should_save:
-        _write_json_atomic(output_dir / "train_result.json", result.to_json())
+        write_json_atomic(output_dir / "train_result.json", result.to_json())
     return result
 
 
-def _training_arguments(checkpoints: Path, *, fsdp: bool, progress: bool, **options: Any) -> TrainingArguments:
+def _with_overrides(settings: TrainSettings | None, overrides: dict[str, Any]) -> TrainSettings:
+    """`settings` with the keyword arguments that name its fields changed; any other name is a TypeError."""
+    names = {item.name for item in fields(TrainSettings)}
+    if unknown := sorted(set(overrides) - names):
+        raise TypeError(f"train_model() got unexpected keyword arguments {unknown}; TrainSettings has {sorted(names)}")
+    if settings is None:
+        if "max_steps" not in overrides:
+            raise TypeError("train_model() needs settings=TrainSettings(max_steps=...) or max_steps=...")
+        return TrainSettings(**overrides)
+    return replace(settings, **overrides)
+
+
+def _history(
+    config: PreTrainedConfig, train_data: Dataset, settings: TrainSettings, world_size: int
+) -> HistoryCallback:
+    """The log keeper: tokens per optimizer step (all ranks) and counted FLOPs per token, for every row."""
+    block_size = int(train_data[0]["input_ids"].shape[-1])
+    flops_per_token = settings.flops_per_token
+    if flops_per_token is None:
+        flops_per_token = train_flops_per_token(config, block_size)
+    tokens_per_step = settings.batch_size * settings.gradient_accumulation_steps * world_size * block_size
+    return HistoryCallback(tokens_per_step, flops_per_token)
+
+
+def _check_run(output_dir: Path, settings: TrainSettings) -> None:
+    """Everything that can fail before a model is built: the output folder, and what resuming needs."""
+    ensure_writable(output_dir)
+    if settings.resume and settings.fsdp:
+        raise HiResUserError("--resume is not available with FSDP2 (transformers cannot checkpoint its optimizer).")
+    if settings.resume:
+        require_checkpoint(output_dir)
+
+
+def _training_arguments(checkpoints: Path, settings: TrainSettings) -> TrainingArguments:
+    """The run's TrainingArguments: the settings, with the defaults TrainSettings documents filled in."""
     cuda = torch.cuda.is_available()
-    save_steps = options.pop("save_steps")
+    steps = settings.max_steps
     return TrainingArguments(
         output_dir=str(checkpoints),
-        per_device_train_batch_size=options.pop("batch_size"),
+        max_steps=steps,
+        per_device_train_batch_size=settings.batch_size,
         per_device_eval_batch_size=16,
+        gradient_accumulation_steps=settings.gradient_accumulation_steps,
+        learning_rate=settings.learning_rate,
+        warmup_steps=max(1, round(0.05 * steps)) if settings.warmup_steps is None else settings.warmup_steps,
+        weight_decay=settings.weight_decay,
         lr_scheduler_type="cosine",
         adam_beta1=0.9,
         adam_beta2=0.95,
         max_grad_norm=1.0,
         optim="adamw_torch",
         eval_strategy="steps",
+        eval_steps=settings.eval_steps or max(1, steps // 10),
         eval_on_start=True,  # the step-0 loss, and never `evaluate()` before `train()` (see module docstring)
         prediction_loss_only=True,
-        save_strategy="steps" if save_steps else "no",
-        save_steps=save_steps or 500,
+        logging_steps=settings.logging_steps or max(1, steps // 50),
+        save_strategy="steps" if settings.save_steps else "no",
+        save_steps=settings.save_steps or 500,
         save_total_limit=2,
-        save_only_model=fsdp,  # transformers cannot checkpoint an FSDP2-at-load optimizer
+        save_only_model=settings.fsdp,  # transformers cannot checkpoint an FSDP2-at-load optimizer
         report_to="none",
-        data_seed=options["seed"],
-        bf16=options.pop("bf16"),
-        tf32=options.pop("tf32") or None,
-        activation_checkpointing=options.pop("activation_checkpointing") or None,
+        seed=settings.seed,
+        data_seed=settings.seed,
+        bf16=settings.bf16,
+        tf32=settings.tf32 or None,
+        activation_checkpointing=settings.activation_checkpointing or None,
         use_cpu=not cuda,
         ddp_backend="gloo" if not cuda and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
         dataloader_num_workers=0,
-        disable_tqdm=not progress,
+        disable_tqdm=not settings.progress,
         log_level="warning",
-        **options,
     )
 
 
 def _build_model(
     spec: PreTrainedConfig | PreTrainedModel | str | Path,
     args: TrainingArguments,
-    seed: int,
-    fsdp_size: int | None,
+    settings: TrainSettings,
     output_dir: Path,
 ) -> PreTrainedModel:
     """A fresh seeded model from a config, the model given, or a saved folder; sharded with FSDP2 if asked."""
-    set_seed(seed)
+    set_seed(settings.seed)
+    fsdp_size = settings.fsdp_size if settings.fsdp else None
     if isinstance(spec, PreTrainedModel):
         if fsdp_size:
             raise HiResUserError("FSDP2 shards a model while loading it: pass a config or a folder, not a model.")
@@ -394,7 +428,7 @@ def _save_final(trainer: Trainer, model_dir: Path) -> Path:
         if staging.exists():
             shutil.rmtree(staging)
         model.save_pretrained(staging)
-        trainer.processing_class.save_pretrained(staging)
+        save_tokenizer(trainer.processing_class, staging, getattr(model.config, "max_position_embeddings", None))
         if model_dir.exists():
             shutil.rmtree(model_dir)
         staging.rename(model_dir)
@@ -416,10 +450,16 @@ def _plain_model(model: PreTrainedModel) -> PreTrainedModel:
     return plain
 
 
-def _result(trainer, history, flops_per_token, tokens_per_step, params, seconds, model_dir) -> TrainResult:
+def _result(
+    trainer: HiResTrainer, history: HistoryCallback, seconds: float, model_dir: Path | None, *, fsdp: bool
+) -> TrainResult:
+    """What the run did: losses, tokens and counted FLOPs, parameters, and training throughput (evaluation time
+    taken out)."""
     evals = [row for row in history.rows if "eval_loss" in row]
     steps = trainer.state.global_step
-    tokens = steps * tokens_per_step
+    tokens = steps * history.tokens_per_step
+    flops_per_token = history.flops_per_token
+    params = _global_params(trainer.model) if fsdp else sum(p.numel() for p in trainer.model.parameters())
     train_seconds = max(seconds - trainer.eval_seconds, 1e-9)
     return TrainResult(
         final_eval_loss=evals[-1]["eval_loss"] if evals else float("nan"),
@@ -458,15 +498,10 @@ def ensure_writable(folder: Path) -> None:
         ) from error
 
 
-def _write_json_atomic(path: Path, payload: Any) -> None:
-    staging = path.with_name(path.name + ".tmp")
-    staging.write_text(json.dumps(payload, indent=2))
-    staging.replace(path)
-
-
 __all__ = [
     "HiResTrainer",
     "TrainResult",
+    "TrainSettings",
     "ensure_writable",
     "require_checkpoint",
     "train_flops_per_token",

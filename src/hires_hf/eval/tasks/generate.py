@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import platform
 import random
 import re
-import tempfile
 from pathlib import Path
 
+from ...io import write_json_atomic, write_text_atomic
 from ...stdlib_corpus import is_held_out, read_utf8, stdlib_sources
 
 TASKS_DIR = Path(__file__).resolve().parent
@@ -118,16 +117,6 @@ def perplexity_docs(sources: dict[str, list[str]], n_docs: int = 64, chars: int 
     return docs
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file and rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(handle, "w", encoding="utf-8") as file:
-        file.write(text)
-    os.chmod(temporary, 0o644)  # mkstemp creates 0600; shipped data must be readable by everyone
-    os.replace(temporary, path)
-
-
 def _jsonl(rows: list[dict]) -> str:
     return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
@@ -137,7 +126,7 @@ def generate(out_dir: Path = TASKS_DIR, stdlib_dir: Path | None = None) -> dict[
     sources = held_out_sources(stdlib_dir)
     files = {NEXT_LINE_FILE: _jsonl(next_line_docs(sources)), PERPLEXITY_FILE: _jsonl(perplexity_docs(sources))}
     for name, text in files.items():
-        _write_atomic(Path(out_dir) / name, text)
+        write_text_atomic(Path(out_dir) / name, text)
     manifest = {
         "python": platform.python_version(),
         "held_out_files": len(sources),
@@ -146,7 +135,7 @@ def generate(out_dir: Path = TASKS_DIR, stdlib_dir: Path | None = None) -> dict[
             for name, text in files.items()
         },
     }
-    _write_atomic(Path(out_dir) / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+    write_json_atomic(Path(out_dir) / MANIFEST_FILE, manifest)
     return {name: text.count("\n") for name, text in files.items()}
 
 

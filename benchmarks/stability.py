@@ -99,6 +99,14 @@ def apply_tweaks(model, tw):
                 blk.outer_norm.weight.fill_(tw["outer_gain"])
         if "read_out_std" in tw:
             base.read_out.weight.normal_(0, tw["read_out_std"])
+    if "embed_mult" in tw:
+        emb = base.embed_tokens
+        mult = tw["embed_mult"]
+        with torch.no_grad():
+            emb.weight.mul_(tw.get("embed_mult_init", 1.0))
+        def efwd(ids, emb=emb, mult=mult):
+            return torch.nn.functional.embedding(ids, emb.weight) * mult
+        emb.forward = efwd
     if tw.get("write_norm"):
         for blk in blocks:
             lin = blk.write_proj

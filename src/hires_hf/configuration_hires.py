@@ -9,6 +9,12 @@ people recognise them. HiRes adds five fields:
 - `write_mode`: what a block writes back into the wide stream, its output ("output") or what it added ("delta").
 - `outer_norm`: the PostNorm over D after each block's write (off only for ablations and exact upcycling).
 - `projection_init`: how read / write / read-out projections start ("normal" or "identity").
+- `embedding_multiplier`: the constant the wide token embedding is multiplied by in the forward pass. By
+  default `1 / initializer_range` when the outer norm is on, so that tokens enter the wide stream at the scale
+  the outer PostNorms hold it at (RMS 1), while the stored weights keep the vanilla init and so Adam's usual
+  relative update speed; 1.0 without the outer norm (an additive stream, as vanilla). With a vanilla-scale
+  embedding (1.0) and the outer norm on, HiRes collapses onto the unigram plateau at ordinary learning rates
+  (docs/stability.md).
 
 `num_experts=0` gives dense SwiGLU layers; `num_experts>0` gives OLMoE-style sparse MoE layers.
 
@@ -125,6 +131,7 @@ class HiResConfig(PreTrainedConfig):
     write_mode: str = "output"
     outer_norm: bool = True
     projection_init: str = "normal"
+    embedding_multiplier: float | None = None  # None -> 1 / initializer_range with the outer norm, else 1.0
 
     def __post_init__(self, **kwargs: Any) -> None:
         heads = self.num_attention_heads
@@ -134,6 +141,8 @@ class HiResConfig(PreTrainedConfig):
             self.num_key_value_heads = self.num_attention_heads
         if self.residual_size is None:
             self.residual_size = 2 * self.hidden_size
+        if self.embedding_multiplier is None:  # tokens enter the stream at the scale the outer norms keep it at
+            self.embedding_multiplier = 1.0 / self.initializer_range if self.outer_norm else 1.0
         if self.router_aux_loss_coef is None:  # TRL adds an aux loss whenever this is non-zero
             self.router_aux_loss_coef = 0.01 if self.num_experts else 0.0
         if self.num_experts and self.moe_intermediate_size is None:
@@ -185,6 +194,12 @@ class HiResConfig(PreTrainedConfig):
             f"one of {PROJECTION_INITS}",
         )
         _require(self.qk_norm in QK_NORMS, "qk_norm", self.qk_norm, f"one of {QK_NORMS}")
+        _require(
+            self.embedding_multiplier > 0,
+            "embedding_multiplier",
+            self.embedding_multiplier,
+            "a positive number (or None for the default: 1 / initializer_range with the outer norm, else 1.0)",
+        )
 
     def validate_attention(self) -> None:
         heads, kv_heads = self.num_attention_heads, self.num_key_value_heads

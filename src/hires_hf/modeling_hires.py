@@ -2,7 +2,8 @@
 
 Where HiRes departs from Llama / OLMoE (everything else is the vanilla layer, unchanged):
 
-- the token embedding is `residual_size` (D) wide, not `hidden_size` (d);
+- the token embedding is `residual_size` (D) wide, not `hidden_size` (d), and multiplied by
+  `embedding_multiplier` so that tokens enter the wide stream at the scale the outer norms hold it at;
 - layers are grouped into `HiResBlock`s of `layers_per_block` (k) ordinary d-wide PreNorm layers;
 - each block reads its input from the wide stream (`read_proj`, D -> d), writes its output back
   (`write_proj`, d -> D) and closes with a PostNorm over D (`outer_norm`): r <- Norm(r + Write(h));
@@ -335,6 +336,28 @@ class HiResProjection(nn.Linear):
         super().__init__(in_features, out_features, bias=False)
 
 
+class HiResScaledEmbedding(nn.Embedding):
+    """The V x D token embedding, times `embedding_multiplier` in the forward pass.
+
+    The outer PostNorms hold the wide stream at RMS ~1; a vanilla-scale embedding (RMS = initializer_range)
+    would enter it ~50x smaller than what block 0 writes next to it, and the first outer norm would divide the
+    token identity away (docs/stability.md). The weights keep the vanilla init, so Adam moves them at the
+    vanilla relative speed; the multiplier lives here, not in the model's forward, so that
+    `get_input_embeddings()(ids)` is exactly what the blocks see (`inputs_embeds`).
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None, multiplier: float) -> None:
+        super().__init__(num_embeddings, embedding_dim, padding_idx)
+        self.multiplier = multiplier
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embeds = super().forward(input_ids)
+        return embeds if self.multiplier == 1.0 else embeds * self.multiplier
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, multiplier={self.multiplier:g}"
+
+
 class HiResBlock(nn.Module):
     """k vanilla layers between a read from and a write into the D-wide stream, closed by a PostNorm over D."""
 
@@ -396,7 +419,9 @@ class HiResModel(HiResPreTrainedModel):
         super().__init__(config)
         self.padding_idx = config.pad_token_id
         self.vocab_size = config.vocab_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.residual_size, self.padding_idx)
+        self.embed_tokens = HiResScaledEmbedding(
+            config.vocab_size, config.residual_size, self.padding_idx, config.embedding_multiplier
+        )
         self.blocks = nn.ModuleList(HiResBlock(config, b) for b in range(config.num_blocks))
         self.read_out = HiResProjection(config.residual_size, config.hidden_size)
         self.norm = HiResRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -417,7 +442,7 @@ class HiResModel(HiResPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> MoeModelOutputWithPast:
-        r"""`inputs_embeds`, when given, are D-wide (what `embed_tokens` returns)."""
+        r"""`inputs_embeds`, when given, are D-wide (what `embed_tokens` returns, multiplier included)."""
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:

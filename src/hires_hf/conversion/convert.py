@@ -173,6 +173,8 @@ def hires_config(
         projection_init="identity",  # exact: required; warm start: the vanilla stream in the first d coordinates
         write_mode="delta" if exact else "output",
         outer_norm=not exact,
+        # The copied embedding already has the source's scale, the one its layers and the identity read expect.
+        embedding_multiplier=1.0,
         dtype=dtype,
     )
     fields.update(FAMILY_FIELDS[model_type](source))

@@ -45,7 +45,7 @@ def run_table(rows: list[dict[str, Any]]) -> str:
     lines = [header, "|" + "---:|" * (3 + len(present))]
     for row in rows:
         ratios = [u.get("write_to_stream") for u in row["units"] if u.get("write_to_stream") is not None]
-        worst = f"{max(ratios):.2f}" if ratios else "–"
+        worst = f"{max(ratios):.2f}" if ratios else "-"
         updates = " | ".join(f"{row.get('update_ratio', {}).get(g, float('nan')):.2e}" for g in present)
         lines.append(f"| {row['step']} | {row['final_shared']:.3f} | {worst} | {updates} |")
     return "\n".join(lines)
@@ -91,7 +91,9 @@ def probe_table(probe: dict[str, Any]) -> str:
             )
     lines.append(f"\nfinal hidden state shared fraction: {probe['final_shared']:.3f}")
     if probe.get("attention_entropy"):
-        lines.append("attention entropy / uniform per layer: " + " ".join(f"{e:.2f}" for e in probe["attention_entropy"]))
+        lines.append(
+            "attention entropy / uniform per layer: " + " ".join(f"{e:.2f}" for e in probe["attention_entropy"])
+        )
     for name, values in probe.get("spectra", {}).items():
         lines.append(f"top singular values {name}: " + " ".join(f"{v:.3g}" for v in values))
     return "\n".join(lines)

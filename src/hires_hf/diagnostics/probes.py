@@ -92,7 +92,9 @@ def stream_probe(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
             hooks.append(layer.register_forward_hook(_layer_output_hook(records, index, attention_mask)))
     final: list[float] = []
     base = getattr(model, "model", model)
-    hooks.append(base.norm.register_forward_hook(lambda _m, _i, out: final.append(shared_fraction(out, attention_mask))))
+    hooks.append(
+        base.norm.register_forward_hook(lambda _m, _i, out: final.append(shared_fraction(out, attention_mask)))
+    )
     try:
         model(input_ids=input_ids, attention_mask=attention_mask)
     finally:

@@ -79,9 +79,15 @@ def read_runs(path: str | Path) -> list[Run]:
         records = [
             (f"{path} run {i + 1}", record) for i, record in enumerate(data if isinstance(data, list) else [data])
         ]
+    records = [(where, record) for where, record in records if not _left_out(record)]
     if not records:
         raise HiResUserError(f"{path} holds no runs.")
     return [_run_from_record(record, where) for where, record in records]
+
+
+def _left_out(record: object) -> bool:
+    """A ladder record marked `"fit": false` (a learning-rate sweep loser, a rule check, the MoE point)."""
+    return isinstance(record, dict) and record.get("fit") is False
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,16 @@ The Python API other parts reuse (e.g. the scaling ladder in `hires_hf.eval`):
     result.final_eval_loss, result.flops, result.eval_curve()
 """
 
-from .data import Corpus, PackedDataset, load_default_corpus, load_hub_dataset, load_text_files, pack
+from .data import (
+    Corpus,
+    PackedDataset,
+    load_default_corpus,
+    load_hub_dataset,
+    load_python_sources,
+    load_text_files,
+    pack,
+)
+from .loop import LoopResult, LoopSettings, pick_device, time_train_step, train_loop
 from .tokenizer import (
     build_tokenizer,
     check_vocab,
@@ -23,6 +32,8 @@ from .trainer import HiResTrainer, TrainResult, TrainSettings, train_flops_per_t
 __all__ = [
     "Corpus",
     "HiResTrainer",
+    "LoopResult",
+    "LoopSettings",
     "PackedDataset",
     "TrainResult",
     "TrainSettings",
@@ -31,11 +42,15 @@ __all__ = [
     "encode_documents",
     "load_default_corpus",
     "load_hub_dataset",
+    "load_python_sources",
     "load_text_files",
     "load_tokenizer",
     "pack",
+    "pick_device",
     "save_tokenizer",
     "special_token_ids",
+    "time_train_step",
     "train_flops_per_token",
+    "train_loop",
     "train_model",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sysconfig
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,33 @@ def load_default_corpus(validation_fraction: float = 0.05, max_chars: int | None
                 yield name, text
 
     return _ensure_both(_split(named(), validation_fraction, max_chars), f"the standard library at {root}")
+
+
+def load_python_sources(validation_fraction: float = 0.01, max_chars: int | None = None) -> Corpus:
+    """Every `.py` file the running interpreter can see: the stdlib (minus the evaluation tasks' held-out files)
+    and its site-packages, split train / validation by file. ~10^8 tokens on a machine with torch installed:
+    enough that a GPU ladder's largest rung need not repeat data.
+    """
+    sources = {name: path for name, path in stdlib_sources(stdlib_root()).items() if not is_held_out(name)}
+    for root in _site_roots():
+        for path in root.rglob("*.py"):
+            sources.setdefault(f"site:{path.relative_to(root).as_posix()}", path)
+    names = sorted(sources, key=_name_order)
+
+    def named() -> Iterable[tuple[str, str]]:
+        for name in names:
+            text = read_utf8(sources[name])
+            if text and text.strip():
+                yield name, text
+
+    return _ensure_both(_split(named(), validation_fraction, max_chars), "this interpreter's Python sources")
+
+
+def _site_roots() -> list[Path]:
+    """The interpreter's site-packages folders (purelib / platlib), each once."""
+    paths = sysconfig.get_paths()
+    roots = {Path(paths[key]).resolve() for key in ("purelib", "platlib") if Path(paths[key]).is_dir()}
+    return sorted(roots)
 
 
 def _documents_of(path: Path, text_field: str = "text") -> list[str]:
@@ -247,6 +275,7 @@ __all__ = [
     "PackedDataset",
     "load_default_corpus",
     "load_hub_dataset",
+    "load_python_sources",
     "load_text_files",
     "pack",
 ]

@@ -24,8 +24,9 @@ from transformers import AutoModelForCausalLM, PreTrainedConfig, PreTrainedToken
 from ..configuration_hires import HiResConfig
 from ..twins import vanilla_config
 from .data import PackedDataset, load_default_corpus, pack
+from .loop import pick_device, time_train_step
 from .tokenizer import build_tokenizer, encode_documents, special_token_ids
-from .trainer import TrainResult, ensure_writable, time_train_step, train_flops_per_token, train_model
+from .trainer import TrainResult, ensure_writable, train_flops_per_token, train_model
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ def run_demo(output_dir: str | Path = "runs/demo", settings: DemoSettings | None
             flops_per_token=flops[name],
             # a guard against a much slower machine than timed: the table then shows the FLOPs actually spent
             max_seconds=None if settings.smoke_steps else 1.5 * steps * step_seconds[name] + 10,
+            bf16=pick_device().type == "cuda",  # as the step was timed: the Trainer trains on CUDA when there is one
         )
 
     table = comparison_table(results)
@@ -181,10 +183,10 @@ def _flop_budget(
 
 
 def _seconds_per_step(config: PreTrainedConfig, settings: DemoSettings) -> float:
-    """Timed AdamW steps of a throw-away copy; 0 for a smoke run (fixed steps, no budget to plan)."""
+    """Timed AdamW steps of a throw-away copy on the device the Trainer will use; 0 for a smoke run."""
     if settings.smoke_steps is not None:
         return 0.0
-    return time_train_step(config, settings.batch_size, settings.block_size)
+    return time_train_step(config, settings.batch_size, settings.block_size, pick_device())
 
 
 def comparison_table(results: dict[str, TrainResult]) -> str:

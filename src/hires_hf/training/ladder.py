@@ -1,29 +1,34 @@
 """The scaling ladder: HiRes and its vanilla twin trained at several sizes, each pair at equal counted FLOPs.
 
 What `hires-hf scaling` needs to fit `L(C) = A * C**-alpha` per architecture is a set of (counted training
-FLOPs, final validation loss) points. The ladder makes them on the embedded stdlib corpus:
+FLOPs, final validation loss) points. The ladder makes them:
 
 - one byte-level BPE trained once and shared by every run (a loss is only comparable under one tokenizer);
 - each size (a rung) gets one FLOPs budget `C_i`, spent by HiRes and by its vanilla twin alike: HiRes pays
   for its read / write projections with fewer tokens, as HIRES.md §6 asks (compute, not parameters);
 - budgets grow as the square of the twin's FLOPs per token, so tokens grow in proportion to model cost
   (a fixed tokens-per-parameter ratio, the shape of a compute-optimal frontier); the common scale is chosen
-  from a few timed steps of every model so that the whole ladder fits a wall-clock budget;
-- every (size, seed) pair sees the same batches in the same order; seeds give the spread.
+  from synchronised timed steps of every model on the training device, so that the ladder fits its
+  wall-clock budget;
+- each architecture at its own learning rate: given `lr_sweep`, both are swept at the smallest rung and each
+  one's best rate is carried up the ladder by the width rule `lr(d) = lr_best * d_0 / d` (the standard
+  parametrisation's 1/width scaling of Adam's hidden-layer rate), which one more rung checks against the
+  unscaled rate (records with `role` "rule-check");
+- every (size, seed) pair sees the same batches in the same order; seeds give the spread;
+- optionally one MoE point (`moe_size`): an OLMoE-shaped HiRes-MoE and its OLMoE twin, same protocol.
 
+Training is `hires_hf.training.loop` (the package's recipe, data kept on the device, bf16 autocast on CUDA).
 The RUNS file (JSONL, rewritten atomically after every run) holds one record per run with the fields
-`hires_hf.eval.scaling.read_runs` reads (`arch`, `params`, `flops`, `loss`) plus the rung, seed, tokens,
-timings and the validation curve (`curve`: [[flops, loss], ...]).
+`hires_hf.eval.scaling.read_runs` reads (`arch`, `params`, `flops`, `loss`) plus the rung, seed, role, learning
+rate, tokens, timings and the validation curve (`curve`: [[flops, loss], ...]); only `role` "ladder" records
+enter the fits.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import re
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,30 +38,32 @@ from typing import Any
 import torch
 from huggingface_hub.errors import StrictDataclassError
 from tqdm.auto import tqdm
-from transformers import PreTrainedConfig, TrainerCallback
+from transformers import AutoModelForCausalLM, PreTrainedConfig
 
 from ..configuration_hires import PRESETS, HiResConfig
 from ..errors import HiResUserError
+from ..io import write_text_atomic
 from ..twins import vanilla_config
-from .data import PackedDataset, load_default_corpus, pack
+from .data import PackedDataset, load_default_corpus, load_python_sources, pack
+from .loop import LoopSettings, pick_device, time_train_step, train_loop
 from .tokenizer import build_tokenizer, encode_documents, special_token_ids
-from .trainer import ensure_writable, time_train_step, train_flops_per_token, train_model
+from .trainer import ensure_writable, train_flops_per_token
 
-HEAD_DIM = 16  # every "DxL" rung uses heads of 16 dims, so that d = 32 still has two heads
 ARCHS = ("hires", "vanilla")
-RESERVE = 0.30  # share of the budget kept for data, evaluation, Trainer overhead and a busy shared CPU
-RUN_OVERHEAD_SECONDS = 3.0  # per run: building the model and the Trainer, the evaluations
+RESERVE = 0.30  # share of the budget kept for data, evaluation, model building and a busy shared CPU
+RUN_OVERHEAD_SECONDS = 3.0  # per run: building the model, the evaluations
 MIN_STEPS = 20  # fewer optimizer steps than this on the smallest rung says nothing about the architecture
 SIZE_PATTERN = re.compile(r"^(\d+)x(\d+)$")
+ROLES = ("sweep", "ladder", "rule-check", "moe")
 
 
 @dataclass(frozen=True)
 class LadderSettings:
-    """One ladder; `smoke()` is the seconds-long version tests use.
+    """One ladder; `smoke()` is the seconds-long version tests use, `gpu()` the one-H200 preset.
 
-    `sizes`: "DxL" (compute width d and depth L; D = width_factor * d, k = layers_per_block, heads of 16 dims,
-    SwiGLU width ~8d/3) or a preset name (taken as it is but for the vocabulary, which the shared tokenizer
-    sets). The defaults are the `ladder-1..4` presets at half their width, which fit a 2-core CPU.
+    `sizes`: "DxL" (compute width d and depth L; D = width_factor * d, k = layers_per_block, heads of `head_dim`
+    dims, SwiGLU width ~8d/3) or a preset name (taken as it is but for the vocabulary, which the shared
+    tokenizer sets). The CPU defaults are the `ladder-1..4` presets at half their width.
     """
 
     sizes: tuple[str, ...] = ("32x4", "48x4", "64x6", "96x8")
@@ -64,17 +71,23 @@ class LadderSettings:
     budget_minutes: float = 30.0
     width_factor: int = 2
     layers_per_block: int = 2
+    head_dim: int = 16
     vocab_size: int = 512
     block_size: int = 128
     batch_size: int = 4
     learning_rate: float = 2e-3
     hires_learning_rate: float | None = None  # None: HiRes trains at `learning_rate` too
-    max_chars: int = 8_000_000
+    lr_sweep: tuple[float, ...] = ()  # peak rates swept at the smallest rung; the width rule carries the best up
+    seeded_rungs: int | None = None  # only the smallest this many rungs get every seed (None: all rungs)
+    moe_size: str | None = None  # "DxL" of one MoE point (HiRes-MoE and its OLMoE twin), or None
+    corpus: str = "stdlib"  # "stdlib" or "python" (the stdlib and site-packages)
+    max_chars: int | None = 8_000_000
     tokenizer_sample_chars: int = 1_000_000
     eval_blocks: int = 64
     evaluations: int = 8
     smoke_steps: int | None = None  # vanilla steps on the smallest rung instead of a timed budget
     threads: int = 1
+    device: str = "auto"
 
     @classmethod
     def smoke(cls, **overrides: Any) -> LadderSettings:
@@ -89,6 +102,33 @@ class LadderSettings:
             eval_blocks=4,
             evaluations=2,
             smoke_steps=3,
+            device="cpu",
+        )
+        return cls(**{**fields, **overrides})
+
+    @classmethod
+    def gpu(cls, **overrides: Any) -> LadderSettings:
+        """Four rungs from ~6M to ~110M non-embedding parameters for one H200 in ~9 minutes (bf16, no compile):
+        heads of 64, D = 2d, k = 4, context 1024, batches of 32 blocks, a 3-rate sweep at the smallest rung,
+        2 seeds at the two smallest rungs, one MoE point; data: this interpreter's Python sources."""
+        fields = dict(
+            sizes=("256x8", "384x8", "512x12", "768x16"),
+            seeds=2,
+            seeded_rungs=2,
+            budget_minutes=9.0,
+            layers_per_block=4,
+            head_dim=64,
+            vocab_size=8192,
+            block_size=1024,
+            batch_size=32,
+            lr_sweep=(1e-3, 2e-3, 4e-3),
+            moe_size="384x8",
+            corpus="python",
+            max_chars=150_000_000,
+            tokenizer_sample_chars=4_000_000,
+            eval_blocks=64,
+            evaluations=6,
+            threads=8,
         )
         return cls(**{**fields, **overrides})
 
@@ -106,9 +146,25 @@ class Rung:
         return self.hires if arch == "hires" else self.vanilla
 
 
+@dataclass(frozen=True)
+class Job:
+    """One run: a rung, an architecture, a seed, why it runs (`role`) and its peak rate (None: after the sweep)."""
+
+    rung: Rung
+    arch: str
+    seed: int
+    role: str
+    learning_rate: float | None
+
+
 # ---------------------------------------------------------------------------------------------------- sizes
-def parse_size(spec: str, settings: LadderSettings, tokens: dict[str, int | None] | None = None) -> HiResConfig:
-    """A rung's HiRes config from "DxL" or a preset name; `tokens` are the tokenizer's special token ids."""
+def parse_size(
+    spec: str, settings: LadderSettings, tokens: dict[str, int | None] | None = None, moe: bool = False
+) -> HiResConfig:
+    """A rung's HiRes config from "DxL" or a preset name; `tokens` are the tokenizer's special token ids.
+
+    `moe`: OLMoE-shaped layers instead of dense SwiGLU (32 experts, top 4, experts d/2 wide, full q/k norm,
+    load-balancing and z losses), so that the twin is transformers' OLMoE."""
     common = {"vocab_size": settings.vocab_size, **(tokens or {})}
     try:
         if spec in PRESETS:
@@ -120,38 +176,53 @@ def parse_size(spec: str, settings: LadderSettings, tokens: dict[str, int | None
                 f"({', '.join(sorted(PRESETS))})."
             )
         d, layers = int(match[1]), int(match[2])
-        if d % HEAD_DIM or d == 0:
-            raise HiResUserError(f"--sizes {spec!r}: the width must be a positive multiple of {HEAD_DIM} (head size).")
+        head = settings.head_dim
+        if d % head or d == 0:
+            raise HiResUserError(f"--sizes {spec!r}: the width must be a positive multiple of {head} (head size).")
         if layers % settings.layers_per_block or layers == 0:
             raise HiResUserError(
                 f"--sizes {spec!r}: {layers} layers do not split into blocks of {settings.layers_per_block} "
                 "(--layers-per-block); pick L a multiple of k."
             )
+        experts = (
+            dict(
+                num_experts=32,
+                num_experts_per_tok=4,
+                moe_intermediate_size=d // 2,
+                qk_norm="full",
+                router_z_loss_coef=0.001,
+                output_router_logits=True,
+            )
+            if moe
+            else {}
+        )
         return HiResConfig(
             **common,
             hidden_size=d,
             intermediate_size=math.ceil(8 * d / 3 / 8) * 8,  # SwiGLU ~8d/3, a multiple of 8
             num_hidden_layers=layers,
-            num_attention_heads=d // HEAD_DIM,
-            num_key_value_heads=d // HEAD_DIM,
+            num_attention_heads=d // head,
+            num_key_value_heads=d // head,
             max_position_embeddings=max(256, settings.block_size),
             residual_size=settings.width_factor * d,
             layers_per_block=settings.layers_per_block,
+            **experts,
         )
     except (ValueError, StrictDataclassError) as error:  # the config's validation names the field and what is allowed
         raise HiResUserError(f"--sizes {spec!r}: {error.__cause__ or error}") from error
 
 
+def make_rung(spec: str, settings: LadderSettings, tokens: dict[str, int | None] | None, moe: bool = False) -> Rung:
+    hires = parse_size(spec, settings, tokens, moe=moe)
+    twin = vanilla_config(hires)
+    flops = {arch: train_flops_per_token(config, settings.block_size) for arch, config in zip(ARCHS, (hires, twin))}
+    return Rung(f"{spec}-moe" if moe else spec, hires, twin, flops)
+
+
 def build_rungs(settings: LadderSettings, tokens: dict[str, int | None] | None = None) -> list[Rung]:
     """Every size as a (HiRes, twin) pair, smallest FLOPs per token first."""
     check_settings(settings)
-    rungs = []
-    for spec in settings.sizes:
-        hires = parse_size(spec, settings, tokens)
-        twin = vanilla_config(hires)
-        flops = {"hires": train_flops_per_token(hires, settings.block_size)}
-        flops["vanilla"] = train_flops_per_token(twin, settings.block_size)
-        rungs.append(Rung(spec, hires, twin, flops))
+    rungs = [make_rung(spec, settings, tokens) for spec in settings.sizes]
     return sorted(rungs, key=lambda rung: rung.flops_per_token["vanilla"])
 
 
@@ -172,34 +243,71 @@ def check_settings(settings: LadderSettings) -> None:
     for flag, value in (("--lr", settings.learning_rate), ("--hires-lr", settings.hires_learning_rate)):
         if value is not None and not value > 0:
             raise HiResUserError(f"{flag} must be a positive learning rate; got {value}.")
+    if any(not rate > 0 for rate in settings.lr_sweep):
+        raise HiResUserError(f"--lr-sweep: every rate must be positive; got {list(settings.lr_sweep)}.")
+    if settings.corpus not in ("stdlib", "python"):
+        raise HiResUserError(f"--corpus must be 'stdlib' or 'python'; got {settings.corpus!r}.")
     for spec in settings.sizes:
         parse_size(spec, settings)
+    if settings.moe_size is not None:
+        parse_size(settings.moe_size, settings, moe=True)
 
 
-# ---------------------------------------------------------------------------------------------------- budget
+# ---------------------------------------------------------------------------------------------------- plan
+def plan_jobs(rungs: Sequence[Rung], settings: LadderSettings, moe_rung: Rung | None = None) -> list[Job]:
+    """Every run in the order it trains: sweep, then seed 0 up the ladder, extra seeds, the MoE point, the check
+    of the width rule. An interrupted ladder still leaves whole seed-0 ladders in the RUNS file."""
+    if not settings.lr_sweep:
+        return [
+            Job(rung, arch, seed, "ladder", learning_rate_of(arch, settings))
+            for seed in range(settings.seeds)
+            for rung in rungs
+            for arch in ARCHS
+        ]
+    seeded = len(rungs) if settings.seeded_rungs is None else settings.seeded_rungs
+    jobs = [Job(rungs[0], arch, 0, "sweep", rate) for rate in settings.lr_sweep for arch in ARCHS]
+    jobs += [Job(rung, arch, 0, "ladder", None) for rung in rungs[1:] for arch in ARCHS]
+    jobs += [
+        Job(rung, arch, seed, "ladder", None)
+        for seed in range(1, settings.seeds)
+        for rung in rungs[:seeded]
+        for arch in ARCHS
+    ]
+    if moe_rung is not None:
+        jobs += [Job(moe_rung, arch, 0, "moe", None) for arch in ARCHS]
+    jobs += [Job(rungs[1], arch, 0, "rule-check", None) for arch in ARCHS]
+    return jobs
+
+
+def width_rule(best: float, base_width: int, width: int) -> float:
+    """The peak rate at `width` from the best at `base_width`: Adam's hidden-layer rate scales as 1/width."""
+    return best * base_width / width
+
+
 def budgets(rungs: Sequence[Rung], scale: float) -> list[float]:
     """Counted training FLOPs of each rung: `scale * f_i**2` (tokens = scale * f_i, f_i the twin's FLOPs/token)."""
-    return [scale * rung.flops_per_token["vanilla"] ** 2 for rung in rungs]
+    return [budget_of(rung, scale) for rung in rungs]
+
+
+def budget_of(rung: Rung, scale: float) -> float:
+    return scale * rung.flops_per_token["vanilla"] ** 2
 
 
 def time_scale(
-    rungs: Sequence[Rung], settings: LadderSettings, seconds_per_step: dict[tuple[str, str], float], spent: float
+    jobs: Sequence[Job], settings: LadderSettings, seconds_per_step: dict[tuple[str, str], float], spent: float
 ) -> float:
-    """The largest scale whose runs (all sizes, both archs, every seed) fit the wall-clock budget.
+    """The largest scale whose runs all fit the wall-clock budget.
 
     A run of C FLOPs at f FLOPs/token and t seconds per step of T tokens takes C * t / (f * T) seconds.
     """
     tokens_per_step = settings.batch_size * settings.block_size
     seconds_per_unit = sum(
-        settings.seeds
-        * rung.flops_per_token["vanilla"] ** 2
-        * seconds_per_step[rung.name, arch]
-        / (rung.flops_per_token[arch] * tokens_per_step)
-        for rung in rungs
-        for arch in ARCHS
+        job.rung.flops_per_token["vanilla"] ** 2
+        * seconds_per_step[job.rung.name, job.arch]
+        / (job.rung.flops_per_token[job.arch] * tokens_per_step)
+        for job in jobs
     )
-    runs = len(rungs) * len(ARCHS) * settings.seeds
-    left = settings.budget_minutes * 60 * (1 - RESERVE) - spent - runs * RUN_OVERHEAD_SECONDS
+    left = settings.budget_minutes * 60 * (1 - RESERVE) - spent - len(jobs) * RUN_OVERHEAD_SECONDS
     return max(left, 0.0) / seconds_per_unit
 
 
@@ -210,7 +318,7 @@ def smoke_scale(rungs: Sequence[Rung], settings: LadderSettings) -> float:
 
 
 def learning_rate_of(arch: str, settings: LadderSettings) -> float:
-    """Each architecture may train at its own peak learning rate (HiRes prefers a lower one than its twin)."""
+    """Without a sweep each architecture trains at its given peak rate (`--lr`, `--hires-lr`)."""
     if arch == "hires" and settings.hires_learning_rate is not None:
         return settings.hires_learning_rate
     return settings.learning_rate
@@ -220,74 +328,68 @@ def steps_for(budget: float, flops_per_token: float, settings: LadderSettings) -
     return max(1, math.floor(budget / (flops_per_token * settings.batch_size * settings.block_size)))
 
 
-# ---------------------------------------------------------------------------------------------------- running
-class FlopsBar(TrainerCallback):
-    """Advances the ladder's one progress bar by the counted FLOPs of every optimizer step."""
-
-    def __init__(self, bar: tqdm, flops_per_step: float) -> None:
-        self.bar = bar
-        self.step = int(flops_per_step)
-        self.done = 0
-
-    def on_step_end(self, args, state, control, **kwargs) -> None:
-        self.bar.update(self.step)
-        self.done += self.step
-
-
+# ---------------------------------------------------------------------------------------------------- data
 @dataclass
 class LadderData:
     tokenizer: Any
-    train: PackedDataset
-    validation: PackedDataset
+    train: torch.Tensor  # (blocks, block_size) token ids
+    validation: torch.Tensor
 
 
 def prepare_data(settings: LadderSettings) -> LadderData:
-    """The stdlib corpus, one BPE for every run, packed training and validation blocks."""
-    corpus = load_default_corpus(max_chars=settings.max_chars)
+    """The corpus, one BPE for every run, packed training and validation blocks (tokenized once)."""
+    loader = load_python_sources if settings.corpus == "python" else load_default_corpus
+    corpus = loader(max_chars=settings.max_chars)
     tokenizer = build_tokenizer(corpus.train, settings.vocab_size, sample_chars=settings.tokenizer_sample_chars)
     eos = tokenizer.eos_token_id
-    train = PackedDataset(pack(encode_documents(tokenizer, corpus.train), settings.block_size, eos))
-    validation = pack(encode_documents(tokenizer, corpus.validation), settings.block_size, eos)
-    return LadderData(tokenizer, train, PackedDataset(validation[: settings.eval_blocks]))
+    train = PackedDataset(pack(encode_documents(tokenizer, corpus.train), settings.block_size, eos)).blocks
+    validation = PackedDataset(pack(encode_documents(tokenizer, corpus.validation), settings.block_size, eos)).blocks
+    return LadderData(tokenizer, train, validation[: settings.eval_blocks])
 
 
+# ---------------------------------------------------------------------------------------------------- running
 def run_ladder(
     settings: LadderSettings,
     out: str | Path,
     progress: bool = True,
     on_run: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Train every (size, seed, arch), write the RUNS file after each run, return its records."""
+    """Train every planned run, write the RUNS file after each run, return its records."""
     started = time.perf_counter()
     out = Path(out)
     check_settings(settings)
     ensure_writable(out.parent if str(out.parent) else Path("."))
+    device = pick_device(settings.device)
     before = torch.get_num_threads()
     torch.set_num_threads(settings.threads)
     try:
         data = prepare_data(settings)
-        rungs = build_rungs(settings, special_token_ids(data.tokenizer))
-        scale, timings = plan_scale(rungs, settings, time.perf_counter() - started)
-        records = _train_all(rungs, budgets(rungs, scale), timings, settings, data, out, progress, on_run)
+        tokens = special_token_ids(data.tokenizer)
+        rungs = build_rungs(settings, tokens)
+        moe_rung = make_rung(settings.moe_size, settings, tokens, moe=True) if settings.moe_size else None
+        jobs = plan_jobs(rungs, settings, moe_rung)
+        scale, timings = plan_scale(rungs, jobs, settings, device, time.perf_counter() - started)
+        records = _train_all(jobs, scale, timings, settings, data, device, out, progress, on_run)
     finally:
         torch.set_num_threads(before)
     return records
 
 
 def plan_scale(
-    rungs: Sequence[Rung], settings: LadderSettings, spent: float
+    rungs: Sequence[Rung], jobs: Sequence[Job], settings: LadderSettings, device: torch.device, spent: float
 ) -> tuple[float, dict[tuple[str, str], float]]:
-    """The budgets' scale and the seconds per step of every (size, arch): fixed steps for a smoke run (no
-    timings), otherwise timed steps of every model turned into the scale that fits the budget."""
+    """The budgets' scale and the seconds per step of every (size, arch) on `device`: fixed steps for a smoke
+    run (no timings), otherwise timed steps of every model turned into the scale that fits the budget."""
     if settings.smoke_steps is not None:
         return smoke_scale(rungs, settings), {}
+    models = {(job.rung.name, job.arch): job.rung.config(job.arch) for job in jobs}
     timings = {
-        (rung.name, arch): time_train_step(rung.config(arch), settings.batch_size, settings.block_size)
-        for rung in rungs
-        for arch in ARCHS
+        key: time_train_step(config, settings.batch_size, settings.block_size, device)
+        for key, config in tqdm(models.items(), desc="timing steps", leave=False)
     }
-    scale = time_scale(rungs, settings, timings, spent)
-    smallest = steps_for(budgets(rungs, scale)[0], rungs[0].flops_per_token["hires"], settings)
+    spent += sum(timings.values()) * 4  # each timing ran a warm-up step and three timed ones
+    scale = time_scale(jobs, settings, timings, spent)
+    smallest = steps_for(budget_of(rungs[0], scale), rungs[0].flops_per_token["hires"], settings)
     if smallest < MIN_STEPS:
         raise HiResUserError(
             f"--budget-minutes {settings.budget_minutes:g} leaves {smallest} step(s) for the smallest size "
@@ -296,25 +398,21 @@ def plan_scale(
     return scale, timings
 
 
-def _train_all(rungs, rung_budgets, timings, settings, data, out, progress, on_run) -> list[dict[str, Any]]:
+def _train_all(jobs, scale, timings, settings, data, device, out, progress, on_run) -> list[dict[str, Any]]:
     tokens_per_step = settings.batch_size * settings.block_size
-    jobs = [
-        (rung, budget, seed, arch)
-        for seed in range(settings.seeds)
-        for rung, budget in zip(rungs, rung_budgets)
-        for arch in ARCHS
-    ]  # seeds outermost: an interrupted ladder still leaves whole ladders in the RUNS file
-    total = sum(
-        steps_for(b, r.flops_per_token[a], settings) * int(r.flops_per_token[a] * tokens_per_step)
-        for r, b, _, a in jobs
-    )
-    bar = tqdm(total=total, unit="FLOP", unit_scale=True, desc="ladder", disable=not progress)
+
+    def job_flops(job: Job) -> int:
+        per_step = int(job.rung.flops_per_token[job.arch] * tokens_per_step)
+        return steps_for(budget_of(job.rung, scale), job.rung.flops_per_token[job.arch], settings) * per_step
+
+    bar = tqdm(total=sum(map(job_flops, jobs)), unit="FLOP", unit_scale=True, desc="ladder", disable=not progress)
     records: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="hires-ladder-") as scratch, bar:
-        for rung, budget, seed, arch in jobs:
-            bar.set_postfix_str(f"{rung.name} {arch} seed {seed}")
-            guard = timings.get((rung.name, arch))
-            record = train_one(rung, arch, seed, budget, settings, data, Path(scratch), bar, guard)
+    with bar:
+        for job in jobs:
+            rate = job.learning_rate or _carried_rate(job, records, settings)
+            bar.set_postfix_str(f"{job.rung.name} {job.arch} seed {job.seed} lr {rate:.2g} ({job.role})")
+            guard = timings.get((job.rung.name, job.arch))
+            record = train_one(job, rate, budget_of(job.rung, scale), settings, data, device, bar, guard)
             records.append(record)
             write_runs(out, records)
             if on_run is not None:
@@ -322,79 +420,111 @@ def _train_all(rungs, rung_budgets, timings, settings, data, out, progress, on_r
     return records
 
 
+def best_rates(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Each architecture's best swept peak rate (lowest final validation loss, diverged runs excluded)."""
+    best: dict[str, tuple[float, float]] = {}
+    for record in records:
+        if record["role"] == "sweep" and math.isfinite(record["loss"]):
+            if record["arch"] not in best or record["loss"] < best[record["arch"]][0]:
+                best[record["arch"]] = (record["loss"], record["learning_rate"])
+    return {arch: rate for arch, (_, rate) in best.items()}
+
+
+def _carried_rate(job: Job, records: Sequence[dict[str, Any]], settings: LadderSettings) -> float:
+    """A run after the sweep: the architecture's best swept rate, moved to the rung's width by the width rule
+    (the rule check runs at the unscaled rate instead)."""
+    best = best_rates(records).get(job.arch, settings.lr_sweep[0])
+    base = min((r["hidden_size"] for r in records if r["role"] == "sweep"), default=job.rung.hires.hidden_size)
+    if job.role == "rule-check":
+        return best
+    return width_rule(best, base, job.rung.hires.hidden_size)
+
+
 def train_one(
-    rung: Rung,
-    arch: str,
-    seed: int,
+    job: Job,
+    learning_rate: float,
     budget: float,
     settings: LadderSettings,
     data: LadderData,
-    scratch: Path,
+    device: torch.device,
     bar: tqdm,
     step_seconds: float | None = None,
 ) -> dict[str, Any]:
     """One run at `budget` counted FLOPs; the RUNS record of what it did.
 
-    `step_seconds` (timed before the ladder) bounds the run's wall clock, as a guard against a CPU much busier
-    than when it was timed; a run stopped that way records the FLOPs it actually spent."""
+    A sweep run at the smallest rung with seed 0 is also that rung's ladder point when its rate wins; the
+    record says so (`role` stays "sweep", `fit` says whether it is one of the fitted points)."""
+    rung, arch = job.rung, job.arch
     flops_per_token = rung.flops_per_token[arch]
     steps = steps_for(budget, flops_per_token, settings)
-    learning_rate = learning_rate_of(arch, settings)
-    meter = FlopsBar(bar, flops_per_token * settings.batch_size * settings.block_size)
-    with contextlib.redirect_stdout(io.StringIO()):  # with its own bar off the Trainer prints a dict per log
-        result = train_model(
-            rung.config(arch),
-            data.tokenizer,
-            data.train,
-            data.validation,
-            output_dir=scratch / f"{rung.name}-{arch}-{seed}",
-            max_steps=steps,
-            batch_size=settings.batch_size,
-            learning_rate=learning_rate,
-            eval_steps=max(1, steps // settings.evaluations),
-            logging_steps=max(1, steps // 20),
-            seed=seed,
-            flops_per_token=flops_per_token,
-            max_seconds=3 * steps * step_seconds + 30 if step_seconds else None,
-            callbacks=[meter],
-            progress=False,
-            save_model=False,
-        )
-    bar.update(max(steps * meter.step - meter.done, 0))  # a run stopped early: keep the bar's total honest
+    torch.manual_seed(job.seed)
+    model = AutoModelForCausalLM.from_config(rung.config(arch)).to(device)
+    params = sum(p.numel() for p in model.parameters())
+    loop = LoopSettings(
+        steps=steps,
+        batch_size=settings.batch_size,
+        learning_rate=learning_rate,
+        evaluations=settings.evaluations,
+        seed=job.seed,
+    )
+    per_step = int(flops_per_token * settings.batch_size * settings.block_size)
+    result = train_loop(model, data.train, data.validation, loop, on_step=lambda _: bar.update(per_step))
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     config = rung.hires
+    tokens_per_step = settings.batch_size * settings.block_size
     return {
         "arch": arch,
-        "params": result.params,
-        "flops": result.flops,
-        "loss": result.final_eval_loss,
+        "params": params,
+        "flops": result.steps * tokens_per_step * flops_per_token,
+        "loss": result.final_loss if not result.diverged else float("inf"),
         "size": rung.name,
-        "seed": seed,
+        "seed": job.seed,
+        "role": job.role,
         "hidden_size": config.hidden_size,
         "num_hidden_layers": config.num_hidden_layers,
         "residual_size": config.residual_size if arch == "hires" else config.hidden_size,
         "layers_per_block": config.layers_per_block if arch == "hires" else None,
+        "num_experts": config.num_experts,
         "model_type": rung.config(arch).model_type,
         "budget_flops": budget,
         "flops_per_token": flops_per_token,
-        "tokens": result.tokens_seen,
-        "steps": result.extra.get("steps"),
+        "tokens": result.tokens,
+        "steps": result.steps,
         "planned_steps": steps,
+        "diverged": result.diverged,
         "train_seconds": result.train_seconds,
+        "planned_seconds": steps * step_seconds if step_seconds else None,
         "tokens_per_second": result.tokens_per_second,
         "block_size": settings.block_size,
         "batch_size": settings.batch_size,
         "learning_rate": learning_rate,
         "vocab_size": settings.vocab_size,
-        "eval_blocks": len(data.validation),
-        "curve": [[flops, loss] for flops, loss in zip(*result.eval_curve())],
+        "eval_blocks": int(data.validation.shape[0]),
+        "device": str(device),
+        "dtype": "bf16-autocast" if device.type == "cuda" else "fp32",
+        "curve": [[step * tokens_per_step * flops_per_token, loss] for step, loss in result.curve],
     }
 
 
+def fitted_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records a scaling fit uses: the ladder runs, plus each architecture's winning sweep run (seed 0 of the
+    smallest rung); sweep losers, rule checks and the MoE point stay out."""
+    best = best_rates(records)
+    return [record for record in records if _is_fitted(record, best)]
+
+
+def _is_fitted(record: dict[str, Any], best: dict[str, float]) -> bool:
+    role = record.get("role", "ladder")
+    return role == "ladder" or (role == "sweep" and best.get(record["arch"]) == record["learning_rate"])
+
+
 def write_runs(path: Path, records: Sequence[dict[str, Any]]) -> None:
-    """The RUNS file, one record a line, through a temporary file (a reader never sees half of it)."""
-    staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text("".join(json.dumps(record) + "\n" for record in records))
-    staging.replace(path)
+    """The RUNS file, one record a line, through a temporary file (a reader never sees half of it); `fit` marks
+    the records a scaling fit uses (see `fitted_records`)."""
+    best = best_rates(records)
+    write_text_atomic(path, "".join(json.dumps({**r, "fit": _is_fitted(r, best)}) + "\n" for r in records))
 
 
 def settings_with(settings: LadderSettings, **changes: Any) -> LadderSettings:
@@ -403,12 +533,18 @@ def settings_with(settings: LadderSettings, **changes: Any) -> LadderSettings:
 
 
 __all__ = [
+    "Job",
     "LadderSettings",
     "Rung",
+    "best_rates",
     "budgets",
     "build_rungs",
+    "fitted_records",
     "parse_size",
+    "plan_jobs",
     "run_ladder",
     "settings_with",
+    "time_scale",
+    "width_rule",
     "write_runs",
 ]

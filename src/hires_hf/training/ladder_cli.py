@@ -10,7 +10,9 @@ from .ladder import LadderSettings, run_ladder, settings_with
 
 
 def run_ladder_command(args: argparse.Namespace) -> int:
-    base = LadderSettings.smoke() if args.smoke else LadderSettings()
+    base = {"cpu": LadderSettings, "gpu": LadderSettings.gpu}[args.preset]()
+    if args.smoke:
+        base = LadderSettings.smoke(**({"lr_sweep": (1e-3, 3e-3), "moe_size": "32x2"} if args.preset == "gpu" else {}))
     settings = settings_with(
         base,
         sizes=tuple(args.sizes) if args.sizes else None,
@@ -18,14 +20,20 @@ def run_ladder_command(args: argparse.Namespace) -> int:
         budget_minutes=args.budget_minutes,
         width_factor=args.width_factor,
         layers_per_block=args.layers_per_block,
+        head_dim=args.head_dim,
         vocab_size=args.vocab_size,
         block_size=args.block_size,
         batch_size=args.batch_size,
         learning_rate=args.lr,
         hires_learning_rate=args.hires_lr,
+        lr_sweep=tuple(args.lr_sweep) if args.lr_sweep else None,
+        moe_size=args.moe_size,
+        corpus=args.corpus,
+        max_chars=args.max_chars,
         threads=args.threads,
+        device=args.device,
     )
-    for name in ("block_size", "batch_size", "threads"):
+    for name in ("block_size", "batch_size", "threads", "head_dim"):
         if getattr(settings, name) < 1:
             raise HiResUserError(f"--{name.replace('_', '-')} must be at least 1; got {getattr(settings, name)}.")
     records = run_ladder(settings, args.out, progress=not args.quiet)
@@ -40,8 +48,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         help="train HiRes and its vanilla twin at several sizes (equal counted FLOPs per size); writes a RUNS file",
         description="Each size gets one counted-FLOPs budget that HiRes and its vanilla twin both spend (HiRes "
         "sees fewer tokens); budgets grow with the square of the size's FLOPs per token and are scaled to fit "
-        "--budget-minutes of wall clock. Data: the Python standard library, one shared BPE tokenizer.",
+        "--budget-minutes of wall clock, from synchronised step timings on the training device (CUDA when there "
+        "is one, bf16 autocast). --preset gpu: four rungs of ~6M-110M parameters, a learning-rate sweep per "
+        "architecture at the smallest rung carried up by lr ~ 1/width, 2 seeds at the two smallest rungs and an "
+        "MoE point, in ~9 minutes of one H200.",
     )
+    parser.add_argument("--preset", choices=("cpu", "gpu"), default="cpu", help="the ladder's shape (default cpu)")
     parser.add_argument(
         "--budget-minutes", type=float, help=f"wall clock for the whole ladder (default {defaults.budget_minutes:g})"
     )
@@ -57,12 +69,20 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     shape = parser.add_argument_group("shape of DxL sizes")
     shape.add_argument("--width-factor", type=int, help=f"D / d (default {defaults.width_factor})")
     shape.add_argument("--layers-per-block", type=int, help=f"k (default {defaults.layers_per_block})")
+    shape.add_argument("--head-dim", type=int, help=f"dims per attention head (default {defaults.head_dim})")
+    shape.add_argument("--moe-size", help="DxL of one extra MoE point (HiRes-MoE vs its OLMoE twin)")
     train = parser.add_argument_group("training")
     train.add_argument("--vocab-size", type=int, help=f"shared BPE vocabulary (default {defaults.vocab_size})")
     train.add_argument("--block-size", type=int, help=f"tokens per block (default {defaults.block_size})")
     train.add_argument("--batch-size", type=int, help=f"blocks per step (default {defaults.batch_size})")
     train.add_argument("--lr", type=float, help=f"peak learning rate (default {defaults.learning_rate:g})")
     train.add_argument("--hires-lr", type=float, help="HiRes's own peak learning rate (default: --lr for both)")
+    train.add_argument(
+        "--lr-sweep", type=float, nargs="+", metavar="LR", help="sweep these rates at the smallest size, per arch"
+    )
+    train.add_argument("--corpus", choices=("stdlib", "python"), help="stdlib, or the stdlib and site-packages")
+    train.add_argument("--max-chars", type=int, help="characters of corpus to read")
+    train.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA when there is one)")
     train.add_argument(
         "--threads", type=int, help="torch CPU threads (default 1: fastest for tiny models on a shared CPU)"
     )

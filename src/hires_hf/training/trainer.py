@@ -42,6 +42,7 @@ from ..configuration_hires import HiResConfig
 from ..errors import HiResUserError
 from ..io import write_json_atomic
 from ..twins import num_experts
+from .loop import ADAM_BETAS, MAX_GRAD_NORM, WARMUP_FRACTION, WEIGHT_DECAY
 from .tokenizer import check_vocab, save_tokenizer
 
 ROUTER_LOSSES = ("aux_loss", "z_loss")
@@ -103,21 +104,6 @@ def _as_hires_shape(config: PreTrainedConfig) -> HiResConfig:
         raise HiResUserError(
             f"Cannot count FLOPs of a {type(config).__name__}; pass flops_per_token explicitly ({error})."
         ) from error
-
-
-def time_train_step(config: PreTrainedConfig, batch_size: int, block_size: int, steps: int = 3) -> float:
-    """Seconds per AdamW step of a throw-away model (after one warm-up step): turns a wall-clock budget into
-    steps, and so into counted FLOPs, before the real runs start."""
-    model = AutoModelForCausalLM.from_config(config)
-    optimizer = torch.optim.AdamW(model.parameters())
-    batch = torch.randint(0, config.vocab_size, (batch_size, block_size))
-    for step in range(steps + 1):
-        if step == 1:
-            start = time.perf_counter()
-        model(input_ids=batch, labels=batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return (time.perf_counter() - start) / steps
 
 
 # ---------------------------------------------------------------------------------------------------- callbacks
@@ -231,7 +217,7 @@ class TrainSettings:
     gradient_accumulation_steps: int = 1
     learning_rate: float = 1e-3
     warmup_steps: int | None = None
-    weight_decay: float = 0.1
+    weight_decay: float = WEIGHT_DECAY
     eval_steps: int | None = None
     logging_steps: int | None = None
     save_steps: int = 0
@@ -344,12 +330,12 @@ def _training_arguments(checkpoints: Path, settings: TrainSettings) -> TrainingA
         per_device_eval_batch_size=16,
         gradient_accumulation_steps=settings.gradient_accumulation_steps,
         learning_rate=settings.learning_rate,
-        warmup_steps=max(1, round(0.05 * steps)) if settings.warmup_steps is None else settings.warmup_steps,
+        warmup_steps=max(1, round(WARMUP_FRACTION * steps)) if settings.warmup_steps is None else settings.warmup_steps,
         weight_decay=settings.weight_decay,
         lr_scheduler_type="cosine",
-        adam_beta1=0.9,
-        adam_beta2=0.95,
-        max_grad_norm=1.0,
+        adam_beta1=ADAM_BETAS[0],
+        adam_beta2=ADAM_BETAS[1],
+        max_grad_norm=MAX_GRAD_NORM,
         optim="adamw_torch",
         eval_strategy="steps",
         eval_steps=settings.eval_steps or max(1, steps // 10),

@@ -1,0 +1,230 @@
+"""A plain, device-aware training loop for measurements: the ladder and the stability benchmark.
+
+It trains with the package's recipe, the same one `train_model` gives the HF Trainer: AdamW (betas 0.9 / 0.95,
+weight decay 0.1 on matrices and embeddings, none on norms and biases), linear warmup over 5% of the steps,
+cosine decay to zero, gradient clipping at 1.0, one learning rate for every parameter. What it adds for
+measurements: the packed data is moved to the training device once and batches are drawn there; bf16
+autocast on CUDA; the loss is only read back to the host at evaluations, so the GPU is never stalled by a
+per-step sync; step times are measured synchronised (`time_train_step`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedConfig
+
+# The package's optimisation recipe; `trainer.py` hands the same values to the HF Trainer.
+ADAM_BETAS = (0.9, 0.95)
+WEIGHT_DECAY = 0.1
+WARMUP_FRACTION = 0.05
+MAX_GRAD_NORM = 1.0
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """One run: `steps` optimizer steps of `batch_size` packed blocks at peak `learning_rate`."""
+
+    steps: int
+    batch_size: int
+    learning_rate: float
+    warmup_fraction: float = WARMUP_FRACTION
+    final_lr_fraction: float = 0.0  # cosine down to this share of the peak
+    weight_decay: float = WEIGHT_DECAY
+    max_grad_norm: float = MAX_GRAD_NORM
+    evaluations: int = 8  # evenly spaced, plus one before the first step
+    eval_batch_size: int = 16
+    seed: int = 0
+
+
+@dataclass
+class LoopResult:
+    """Validation loss before training and at each evaluation (`curve`: [(step, loss)]) and the time spent."""
+
+    curve: list[tuple[int, float]]
+    steps: int
+    tokens: int
+    train_seconds: float
+    diverged: bool = False
+    train_losses: list[tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def final_loss(self) -> float:
+        return self.curve[-1][1]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / max(self.train_seconds, 1e-9)
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """ "auto" is CUDA when there is one, else the CPU; anything else is passed to torch.device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def autocast(device: torch.device) -> AbstractContextManager:
+    """bf16 autocast on CUDA (weights and optimizer stay fp32); plain fp32 elsewhere."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def lr_factor(step: int, settings: LoopSettings) -> float:
+    """Share of the peak learning rate at `step`: linear warmup, then cosine to `final_lr_fraction`."""
+    warmup = max(1, round(settings.warmup_fraction * settings.steps))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, settings.steps - warmup)
+    floor = settings.final_lr_fraction
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def build_optimizer(model: nn.Module, settings: LoopSettings) -> torch.optim.AdamW:
+    """AdamW with decay on matrices and embeddings only (the Trainer leaves norms and biases undecayed too)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [
+        {"params": decay, "weight_decay": settings.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    fused = next(model.parameters()).device.type == "cuda"
+    return torch.optim.AdamW(groups, lr=settings.learning_rate, betas=ADAM_BETAS, fused=fused or None)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, blocks: torch.Tensor, batch_size: int) -> float:
+    """Mean next-token loss over packed `blocks` (already on the model's device)."""
+    was_training = model.training
+    model.eval()
+    device = blocks.device
+    total = torch.zeros((), device=device)
+    for start in range(0, blocks.shape[0], batch_size):
+        batch = blocks[start : start + batch_size]
+        with autocast(device):
+            total += model(input_ids=batch, labels=batch).loss.float() * batch.shape[0]
+    model.train(was_training)
+    return (total / blocks.shape[0]).item()
+
+
+def batch_order(num_blocks: int, steps: int, batch_size: int, seed: int) -> torch.Tensor:
+    """(steps, batch_size) block indices: shuffled epochs, fixed by `seed`, so that every model compared under
+    one seed sees the same batches in the same order (a shorter run sees a prefix of them)."""
+    generator = torch.Generator().manual_seed(seed)
+    needed = steps * batch_size
+    epochs = [torch.randperm(num_blocks, generator=generator) for _ in range(math.ceil(needed / num_blocks))]
+    return torch.cat(epochs)[:needed].view(steps, batch_size)
+
+
+def train_loop(
+    model: nn.Module,
+    train_blocks: torch.Tensor,
+    valid_blocks: torch.Tensor,
+    settings: LoopSettings,
+    on_step: Callable[[int], None] | None = None,
+    before_update: Callable[[nn.Module, int], None] | None = None,
+    after_update: Callable[[nn.Module, int], None] | None = None,
+) -> LoopResult:
+    """Train `model` in place on `train_blocks` (moved to the model's device once) and evaluate on `valid_blocks`.
+
+    `on_step(step)` is called after every optimizer step (a progress bar); `before_update` / `after_update`
+    bracket the optimizer step (a `DiagnosticsRecorder`). A non-finite loss stops the run (`diverged`).
+    """
+    device = next(model.parameters()).device
+    train_blocks, valid_blocks = train_blocks.to(device), valid_blocks.to(device)
+    order = batch_order(train_blocks.shape[0], settings.steps, settings.batch_size, settings.seed).to(device)
+    optimizer = build_optimizer(model, settings)
+    eval_at = _evaluation_steps(settings)
+    curve = [(0, evaluate(model, valid_blocks, settings.eval_batch_size))]
+    losses: list[tuple[int, torch.Tensor]] = []
+    model.train()
+    synchronize(device)
+    start, eval_seconds, diverged = time.perf_counter(), 0.0, False
+    for step in range(settings.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = settings.learning_rate * lr_factor(step, settings)
+        batch = train_blocks[order[step]]
+        with autocast(device):
+            loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+        if before_update is not None:
+            before_update(model, step)
+        optimizer.step()
+        if after_update is not None:
+            after_update(model, step)
+        optimizer.zero_grad(set_to_none=True)
+        losses.append((step + 1, loss.detach()))
+        if on_step is not None:
+            on_step(step)
+        if step + 1 in eval_at:
+            tick = time.perf_counter()
+            curve.append((step + 1, evaluate(model, valid_blocks, settings.eval_batch_size)))
+            eval_seconds += time.perf_counter() - tick
+            if not math.isfinite(curve[-1][1]):
+                diverged = True
+                break
+    synchronize(device)
+    seconds = time.perf_counter() - start - eval_seconds
+    done = curve[-1][0] if diverged else settings.steps
+    tokens = done * settings.batch_size * train_blocks.shape[1]
+    values = torch.stack([value for _, value in losses]).float().tolist() if losses else []
+    train_losses = [(step, value) for (step, _), value in zip(losses, values)]
+    return LoopResult(curve, done, tokens, seconds, diverged, train_losses)
+
+
+def _evaluation_steps(settings: LoopSettings) -> set[int]:
+    count = max(1, settings.evaluations)
+    return {max(1, round(settings.steps * (i + 1) / count)) for i in range(count)}
+
+
+def time_train_step(
+    config: PreTrainedConfig, batch_size: int, block_size: int, device: torch.device | str = "cpu", steps: int = 3
+) -> float:
+    """Seconds per optimizer step of a throw-away model built on `device` (after one warm-up step, timed
+    between device synchronisations, with the loop's autocast): turns a wall-clock budget into steps."""
+    device = torch.device(device)
+    model = AutoModelForCausalLM.from_config(config).to(device)
+    optimizer = build_optimizer(model, LoopSettings(steps=1, batch_size=batch_size, learning_rate=1e-4))
+    batch = torch.randint(0, config.vocab_size, (batch_size, block_size), device=device)
+    for step in range(steps + 1):
+        if step == 1:
+            synchronize(device)
+            start = time.perf_counter()
+        with autocast(device):
+            loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    synchronize(device)
+    seconds = (time.perf_counter() - start) / steps
+    del model, optimizer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return seconds
+
+
+__all__ = [
+    "ADAM_BETAS",
+    "LoopResult",
+    "LoopSettings",
+    "autocast",
+    "batch_order",
+    "evaluate",
+    "lr_factor",
+    "pick_device",
+    "time_train_step",
+    "train_loop",
+]

@@ -1,209 +1,444 @@
-"""Stability: does HiRes leave the unigram plateau at the learning rates where its vanilla twin learns?
+"""Stability: does HiRes leave the unigram plateau at every learning rate where its vanilla twin learns?
 
-research harness (to be cleaned)
+Each architecture trains over a grid of peak learning rates at matched counted training FLOPs (HiRes pays for
+its projections with fewer steps), on the same batches, with the package's recipe (`hires_hf.training.loop`:
+AdamW 0.9 / 0.95, weight decay 0.1, warmup 5%, cosine to 10%, clip 1.0, one learning rate for every
+parameter, as a user's `AdamW(model.parameters())` would). Three architectures:
+
+- `vanilla`: the transformers twin (Llama) of the HiRes shape;
+- `hires`: HiRes with the package's defaults;
+- `hires-vanilla-embedding`: HiRes with `embedding_multiplier=1.0`, the defaults before the fix (tokens enter
+  the wide stream at the vanilla embedding's scale, ~50x below the stream the outer norms hold at RMS 1).
+
+A run is "on the plateau" when its final validation loss is within 0.2 nats of the unigram cross-entropy of
+the validation data (what a model that ignores its input reaches). Writes a table, the acceptance checks
+(issue "HiRes must train at real scale") and a PNG of validation loss against steps per learning rate.
+
+    python benchmarks/stability.py                 # CPU: d=128, L=16, k=4 (4 blocks); ~13 minutes on 2 cores
+    python benchmarks/stability.py --preset gpu    # one GPU: d=512, L=16, 12M vanilla tokens a run; ~7 min on an H200
+    python benchmarks/stability.py --map           # where the old default stalls: width, blocks, batch, dtype
+    python benchmarks/stability.py --smoke         # seconds: tests
+
+Writes benchmarks/results/stability[_gpu|_map].{md,json,png} (or under --out-dir).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
+import sys
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from hires_hf import HiResConfig
-from hires_hf.training import build_tokenizer, encode_documents, load_default_corpus, pack, special_token_ids
+from hires_hf.diagnostics import DiagnosticsRecorder
+from hires_hf.io import write_json_atomic, write_text_atomic
+from hires_hf.training import (
+    build_tokenizer,
+    encode_documents,
+    load_default_corpus,
+    load_python_sources,
+    pack,
+    special_token_ids,
+)
+from hires_hf.training.loop import LoopSettings, pick_device, train_loop
 from hires_hf.training.trainer import train_flops_per_token
 from hires_hf.twins import vanilla_config
 
-CACHE = Path("/tmp/stab_tokens")
+RESULTS = Path(__file__).resolve().parent / "results"
+ARCHS = ("vanilla", "hires", "hires-vanilla-embedding")
+PLATEAU_MARGIN = 0.2  # nats below the unigram cross-entropy a run must reach to count as learning
+MIN_TRANSFORMERS = (5, 24)
 
 
-def tokens(vocab: int, block: int, max_chars: int = 12_000_000):
-    path = CACHE / f"v{vocab}_b{block}_c{max_chars}.pt"
-    if path.exists():
-        return torch.load(path, weights_only=True)
-    corpus = load_default_corpus(validation_fraction=0.02, max_chars=max_chars)
-    tok = build_tokenizer(corpus.train, vocab_size=vocab, sample_chars=2_000_000)
-    eos = tok.eos_token_id
-    train = pack(encode_documents(tok, corpus.train), block + 1, eos)
-    valid = pack(encode_documents(tok, corpus.validation), block + 1, eos)
-    out = {"train": train, "valid": valid, "special": special_token_ids(tok)}
-    CACHE.mkdir(exist_ok=True)
-    torch.save(out, path)
-    return out
+@dataclass(frozen=True)
+class Shape:
+    """The HiRes shape under test (its twin has the same layers)."""
+
+    hidden_size: int = 128
+    num_hidden_layers: int = 16
+    layers_per_block: int = 4
+    head_dim: int = 64
+    intermediate_size: int | None = None  # None: ~8d/3, a multiple of 8
+    vocab_size: int = 4096
+
+    def config(self, special: dict[str, int | None], block_size: int, **fields: Any) -> HiResConfig:
+        d = self.hidden_size
+        return HiResConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=d,
+            intermediate_size=self.intermediate_size or math.ceil(8 * d / 3 / 8) * 8,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=max(1, d // self.head_dim),
+            head_dim=self.head_dim if d >= self.head_dim else d,
+            max_position_embeddings=2 * block_size,
+            residual_size=2 * d,
+            layers_per_block=self.layers_per_block,
+            **special,
+            **fields,
+        )
 
 
-def shape(d, layers, k, vocab, block, special, **over):
-    return HiResConfig(
-        vocab_size=vocab,
-        hidden_size=d,
-        intermediate_size=int(8 * d / 3 / 8 + 1) * 8 if d != 512 else 1408,
-        num_hidden_layers=layers,
-        num_attention_heads=max(1, d // 64),
-        max_position_embeddings=block * 2,
-        residual_size=2 * d,
-        layers_per_block=k,
-        **special,
-        **over,
-    )
+@dataclass(frozen=True)
+class StabilitySettings:
+    shape: Shape = Shape()
+    learning_rates: tuple[float, ...] = (1e-3, 2e-3, 3e-3, 4e-3)
+    archs: tuple[str, ...] = ARCHS
+    block_size: int = 128
+    batch_size: int = 16
+    vanilla_steps: int = 120
+    corpus: str = "stdlib"
+    max_chars: int = 12_000_000
+    validation_fraction: float = 0.01
+    eval_blocks: int = 64
+    evaluations: int = 8
+    diagnostics_every: int = 10
+    device: str = "auto"
+    precision: str = "auto"  # bf16 autocast on CUDA, fp32 on the CPU; "bf16" forces it anywhere
+    seed: int = 0
+
+    @classmethod
+    def gpu(cls) -> StabilitySettings:
+        """The issue's GPU shape: d=512, L=16, 8 heads x 64, SwiGLU 1408, vocab 8192, batches of 64 x 1024,
+        12M vanilla tokens a run (183 steps), Python sources (stdlib + site-packages)."""
+        return cls(
+            shape=Shape(hidden_size=512, intermediate_size=1408, vocab_size=8192),
+            learning_rates=(5e-4, 1e-3, 2e-3, 4e-3),
+            block_size=1024,
+            batch_size=64,
+            vanilla_steps=183,
+            corpus="python",
+            max_chars=60_000_000,
+            eval_blocks=64,
+            diagnostics_every=20,
+        )
+
+    @classmethod
+    def smoke(cls) -> StabilitySettings:
+        return cls(
+            shape=Shape(hidden_size=32, num_hidden_layers=4, layers_per_block=2, head_dim=16, vocab_size=300),
+            learning_rates=(1e-3, 3e-3),
+            block_size=32,
+            batch_size=4,
+            vanilla_steps=6,
+            max_chars=150_000,
+            validation_fraction=0.05,
+            eval_blocks=4,
+            evaluations=2,
+            diagnostics_every=3,
+            device="cpu",
+        )
 
 
 @dataclass
-class Run:
-    arch: str
-    lr: float
-    steps: int
-    losses: list
-    evals: list
-    diag: list
+class Data:
+    train: torch.Tensor
+    validation: torch.Tensor
+    special: dict[str, int | None]
+    unigram_loss: float
 
 
-def lr_at(step, steps, peak, warm=0.05, floor=0.1):
-    w = max(1, int(warm * steps))
-    if step < w:
-        return peak * (step + 1) / w
-    p = (step - w) / max(1, steps - w)
-    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p)))
+def prepare(settings: StabilitySettings) -> Data:
+    """One corpus, one tokenizer, packed blocks, and the unigram cross-entropy of the validation blocks."""
+    loader = load_python_sources if settings.corpus == "python" else load_default_corpus
+    corpus = loader(validation_fraction=settings.validation_fraction, max_chars=settings.max_chars)
+    tokenizer = build_tokenizer(corpus.train, vocab_size=settings.shape.vocab_size, sample_chars=2_000_000)
+    eos = tokenizer.eos_token_id
+    train = pack(encode_documents(tokenizer, corpus.train), settings.block_size, eos)
+    validation = pack(encode_documents(tokenizer, corpus.validation), settings.block_size, eos)
+    validation = validation[: settings.eval_blocks]
+    return Data(train, validation, special_token_ids(tokenizer), unigram_loss(train, validation))
 
 
-@torch.no_grad()
-def evaluate(model, valid, batch):
-    model.eval()
-    tot = 0.0
-    n = 0
-    for i in range(0, valid.shape[0], batch):
-        x = valid[i : i + batch]
-        tot += model(input_ids=x[:, :-1], labels=x[:, :-1]).loss.item() * x.shape[0]
-        n += x.shape[0]
-    model.train()
-    return tot / n
+def unigram_loss(train: torch.Tensor, validation: torch.Tensor) -> float:
+    """Cross-entropy (nats/token) of the validation tokens under the training tokens' unigram distribution
+    (add-one smoothed): the loss of a model that predicts the same distribution whatever its input."""
+    counts = Counter(train.flatten().tolist())
+    vocab = max(int(train.max()), int(validation.max())) + 1
+    total = sum(counts.values()) + vocab
+    targets = validation[:, 1:].flatten().tolist()  # the model is scored from the second token on
+    return -sum(math.log((counts.get(t, 0) + 1) / total) for t in targets) / len(targets)
 
 
-def apply_tweaks(model, tw):
-    base = model.model
-    blocks = getattr(base, "blocks", [])
-    with torch.no_grad():
-        if "embed_std" in tw:
-            base.embed_tokens.weight.normal_(0, tw["embed_std"])
-        for blk in blocks:
-            if "write_std" in tw:
-                blk.write_proj.weight.normal_(0, tw["write_std"]) if tw["write_std"] else blk.write_proj.weight.zero_()
-            if "read_std" in tw:
-                blk.read_proj.weight.normal_(0, tw["read_std"])
-            if "outer_gain" in tw and blk.outer_norm is not None:
-                blk.outer_norm.weight.fill_(tw["outer_gain"])
-        if "read_out_std" in tw:
-            base.read_out.weight.normal_(0, tw["read_out_std"])
-    if "embed_mult" in tw:
-        emb = base.embed_tokens
-        mult = tw["embed_mult"]
-        with torch.no_grad():
-            emb.weight.mul_(tw.get("embed_mult_init", 1.0))
-        def efwd(ids, emb=emb, mult=mult):
-            return torch.nn.functional.embedding(ids, emb.weight) * mult
-        emb.forward = efwd
-    if tw.get("write_norm"):
-        for blk in blocks:
-            lin = blk.write_proj
-            def fwd(x, lin=lin):
-                x = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
-                return torch.nn.functional.linear(x, lin.weight)
-            lin.forward = fwd
+def arch_config(arch: str, settings: StabilitySettings, data: Data):
+    hires = settings.shape.config(data.special, settings.block_size)
+    if arch == "vanilla":
+        return vanilla_config(hires)
+    if arch == "hires-vanilla-embedding":
+        return settings.shape.config(data.special, settings.block_size, embedding_multiplier=1.0)
+    return hires
 
 
-def lr_mult(name, tw):
-    for key in ("embed", "read_proj", "write_proj", "read_out", "outer_norm", "lm_head"):
-        if key in name and f"lr_{key}" in tw:
-            return tw[f"lr_{key}"]
-    return 1.0
-
-
-def train(config, data, lr, steps, batch, seed=0, eval_every=25, diag_fn=None, diag_every=10, log=True, tweaks=None):
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
-    tw = tweaks or {}
-    apply_tweaks(model, tw)
-    groups = {}
-    for n, p in model.named_parameters():
-        key = (p.ndim >= 2, lr_mult(n, tw))
-        groups.setdefault(key, []).append(p)
-    opt = torch.optim.AdamW(
-        [{"params": ps, "weight_decay": 0.1 if dec else 0.0, "mult": m} for (dec, m), ps in groups.items()],
-        lr=lr,
-        betas=(0.9, 0.95),
+def run_one(arch: str, lr: float, settings: StabilitySettings, data: Data, device: torch.device) -> dict[str, Any]:
+    """One architecture at one peak rate, at the vanilla twin's counted FLOPs; diagnostics every few steps."""
+    config = arch_config(arch, settings, data)
+    twin_flops = train_flops_per_token(arch_config("vanilla", settings, data), settings.block_size)
+    flops = train_flops_per_token(config, settings.block_size)
+    steps = max(1, int(settings.vanilla_steps * twin_flops / flops))
+    torch.manual_seed(settings.seed)
+    model = AutoModelForCausalLM.from_config(config).to(device)
+    loop = LoopSettings(
+        steps=steps,
+        batch_size=settings.batch_size,
+        learning_rate=lr,
+        final_lr_fraction=0.1,
+        evaluations=settings.evaluations,
+        seed=settings.seed,
+        precision=settings.precision,
     )
-    train_blocks = data["train"]
-    valid = data["valid"][:64]
-    g = torch.Generator().manual_seed(1234)
-    losses, evals, diag = [], [], []
-    t0 = time.time()
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, lr) * group["mult"]
-        idx = torch.randint(0, train_blocks.shape[0], (batch,), generator=g)
-        x = train_blocks[idx]
-        loss = model(input_ids=x[:, :-1], labels=x[:, :-1]).loss
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
-        if diag_fn is not None and (step % diag_every == 0 or step == steps - 1):
-            before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        opt.step()
-        if diag_fn is not None and (step % diag_every == 0 or step == steps - 1):
-            diag.append({"step": step, **diag_fn(model, x, before)})
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        if (step + 1) % eval_every == 0 or step == steps - 1:
-            evals.append((step + 1, evaluate(model, valid, batch)))
-            if log:
-                print(f"  step {step + 1} loss {loss.item():.3f} val {evals[-1][1]:.3f} gn {gn:.2f} {time.time() - t0:.0f}s", flush=True)
-    return model, Run("", lr, steps, losses, evals, diag)
+    probe = data.validation[:8].to(device)
+    recorder = DiagnosticsRecorder(probe, every=settings.diagnostics_every, entropy=False)
+    hooks = {"before_update": recorder.before_step, "after_update": recorder.after_step}
+    result = train_loop(model, data.train, data.validation, loop, **hooks)
+    tokens_per_step = settings.batch_size * settings.block_size
+    return {
+        "arch": arch,
+        "lr": lr,
+        "steps": result.steps,
+        "flops": result.steps * tokens_per_step * flops,
+        "final_loss": result.final_loss if not result.diverged else float("inf"),
+        "plateau": not result.final_loss < data.unigram_loss - PLATEAU_MARGIN,
+        "curve": result.curve,
+        "train_losses": result.train_losses[:: max(1, result.steps // 100)],
+        "seconds": result.train_seconds,
+        "diagnostics": [_slim(row) for row in recorder.rows],
+    }
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--d", type=int, default=192)
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--block", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--lrs", type=float, nargs="+", default=[3e-3])
-    ap.add_argument("--archs", nargs="+", default=["vanilla", "hires"])
-    ap.add_argument("--over", nargs="*", default=[])
-    ap.add_argument("--tweaks", default="{}")
-    ap.add_argument("--out", default="/tmp/stab_runs.jsonl")
-    ap.add_argument("--tag", default="")
-    ap.add_argument("--diag", action="store_true")
-    ap.add_argument("--diag-every", type=int, default=10)
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args()
-    data = tokens(a.vocab, a.block)
-    over = {}
-    for item in a.over:
-        k, v = item.split("=")
-        over[k] = json.loads(v) if v[0] in "0123456789[{tf-" else v
-    hires = shape(a.d, a.layers, a.k, a.vocab, a.block, data["special"], **over)
-    vf = train_flops_per_token(vanilla_config(hires), a.block)
-    for lr in a.lrs:
-        for arch in a.archs:
-            cfg = hires if arch == "hires" else vanilla_config(hires)
-            steps = int(a.steps * vf / train_flops_per_token(cfg, a.block))
-            print(f"{arch} lr {lr} steps {steps} {over}", flush=True)
-            diag = None
-            if a.diag:
-                import sys; sys.path.insert(0, "/tmp"); from diag import diag_fn as diag
-            _, run = train(cfg, data, lr, steps, a.batch, diag_fn=diag, diag_every=a.diag_every, seed=a.seed,
-                           tweaks=json.loads(a.tweaks) if arch == "hires" else {})
-            with open(a.out, "a") as f:
-                f.write(json.dumps({"tag": a.tag, "arch": arch, "lr": lr, "over": over, "d": a.d, "layers": a.layers,
-                                    "k": a.k, "steps": steps, "evals": run.evals, "losses": run.losses, "diag": run.diag, "seed": a.seed, "tweaks": a.tweaks, "batch": a.batch}) + "\n")
+def _slim(row: dict[str, Any]) -> dict[str, Any]:
+    keep = ("step", "final_shared", "units", "update_ratio", "grad_norm", "kind")
+    return {key: row[key] for key in keep if key in row}
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+def acceptance(runs: list[dict[str, Any]]) -> list[tuple[str, bool, str]]:
+    """The issue's three checks, each with its verdict and the numbers behind it."""
+    loss = {(r["arch"], r["lr"]): r["final_loss"] for r in runs}
+    plateau = {(r["arch"], r["lr"]): r["plateau"] for r in runs}
+    rates = sorted({r["lr"] for r in runs})
+    learns = [lr for lr in rates if not plateau.get(("vanilla", lr), True)]
+    stuck = [lr for lr in learns if plateau.get(("hires", lr), True)]
+    best_v = min(rates, key=lambda lr: loss[("vanilla", lr)])
+    best_h = min(rates, key=lambda lr: loss[("hires", lr)])
+    gap = loss[("hires", best_v)] - loss[("vanilla", best_v)]
+    return [
+        (
+            "no HiRes run on the plateau where the twin learns",
+            not stuck,
+            f"twin learns at {_rates(learns)}; HiRes on the plateau at {_rates(stuck) or 'none of them'}",
+        ),
+        (
+            "HiRes at the twin's best rate within 0.05 of the twin or better",
+            gap <= 0.05,
+            f"at {best_v:g}: HiRes {loss[('hires', best_v)]:.3f} vs twin {loss[('vanilla', best_v)]:.3f} ({gap:+.3f})",
+        ),
+        (
+            "HiRes's best over the grid below the twin's best",
+            loss[("hires", best_h)] < loss[("vanilla", best_v)],
+            f"HiRes {loss[('hires', best_h)]:.3f} at {best_h:g} vs twin {loss[('vanilla', best_v)]:.3f} at {best_v:g}",
+        ),
+    ]
+
+
+def _rates(rates: list[float]) -> str:
+    return ", ".join(f"{lr:g}" for lr in rates)
+
+
+# ---------------------------------------------------------------------------------------------------- report
+def markdown(payload: dict[str, Any]) -> str:
+    runs, settings = payload["runs"], payload["settings"]
+    archs = [a for a in ARCHS if any(r["arch"] == a for r in runs)]
+    rates = sorted({r["lr"] for r in runs})
+    loss = {(r["arch"], r["lr"]): r for r in runs}
+    shape = settings["shape"]
+    blocks = shape["num_hidden_layers"] // shape["layers_per_block"]
+    lines = [
+        f"## Stability: {payload['title']}",
+        "",
+        f"`{payload['command']}` ({payload['device']}, {payload['minutes']:.1f} min). Shape d={shape['hidden_size']}, "
+        f"L={shape['num_hidden_layers']}, k={shape['layers_per_block']} ({blocks} blocks), D=2d, "
+        f"heads of {shape['head_dim']}, vocab {shape['vocab_size']}; batches of "
+        f"{settings['batch_size']} x {settings['block_size']} tokens, {settings['vanilla_steps']} vanilla steps "
+        "(HiRes: fewer, at equal counted FLOPs). Final validation loss; * = at or above the unigram plateau "
+        f"(within {PLATEAU_MARGIN} nats of the unigram cross-entropy {payload['unigram_loss']:.3f}).",
+        "",
+        "| peak lr | " + " | ".join(archs) + " |",
+        "|---:|" + "---:|" * len(archs),
+    ]
+    for lr in rates:
+        cells = []
+        for arch in archs:
+            run = loss.get((arch, lr))
+            cells.append("" if run is None else f"{run['final_loss']:.3f}{'*' if run['plateau'] else ''}")
+        lines.append(f"| {lr:g} | " + " | ".join(cells) + " |")
+    if all(a in archs for a in ("vanilla", "hires")):
+        lines += ["", "| check | verdict | numbers |", "|---|---|---|"]
+        for name, ok, numbers in acceptance(runs):
+            lines.append(f"| {name} | {'pass' if ok else 'FAIL'} | {numbers} |")
+    lines += ["", f"![validation loss against steps]({payload['figure']})", ""]
+    return "\n".join(lines)
+
+
+def plot(payload: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = payload["runs"]
+    rates = sorted({r["lr"] for r in runs})
+    fig, axes = plt.subplots(1, len(rates), figsize=(4.2 * len(rates), 3.8), sharey=True, squeeze=False)
+    colours = {"vanilla": "tab:blue", "hires": "tab:red", "hires-vanilla-embedding": "tab:gray"}
+    for ax, lr in zip(axes[0], rates):
+        for run in (r for r in runs if r["lr"] == lr):
+            steps, losses = zip(*run["curve"])
+            ax.plot(steps, losses, marker="o", ms=3, color=colours.get(run["arch"]), label=run["arch"])
+        ax.axhline(payload["unigram_loss"], color="k", ls=":", lw=1, label="unigram")
+        ax.set_title(f"peak lr {lr:g}")
+        ax.set_xlabel("step")
+    axes[0][0].set_ylabel("validation loss (nats/token)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(payload["title"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------- map
+def map_points() -> list[tuple[str, StabilitySettings]]:
+    """Where does the old default stall? One factor at a time around the CPU shape, at peak lr 3e-3."""
+    base = replace(StabilitySettings(), learning_rates=(3e-3,), vanilla_steps=100)
+    return [
+        ("d=64, 4 blocks", replace(base, shape=replace(base.shape, hidden_size=64))),
+        ("d=128, 4 blocks", base),
+        ("d=192, 4 blocks", replace(base, shape=replace(base.shape, hidden_size=192))),
+        ("d=128, 1 block (L=4)", replace(base, shape=replace(base.shape, num_hidden_layers=4))),
+        ("d=128, 2 blocks (L=8)", replace(base, shape=replace(base.shape, num_hidden_layers=8))),
+        ("d=128, batch 4x128", replace(base, batch_size=4)),
+        ("d=128, batch 64x128", replace(base, batch_size=64, vanilla_steps=50)),
+        ("d=128, bf16 autocast", replace(base, precision="bf16")),
+    ]
+
+
+def run_map(out_dir: Path, command: str) -> dict[str, Any]:
+    """Each map point: the twin, the old default and the new default at lr 3e-3; JSON after every run."""
+    started = time.perf_counter()
+    device = pick_device("cpu")
+    rows: list[dict[str, Any]] = []
+    payload = {"command": command, "rows": rows}
+    cache: dict[tuple[int, int], Data] = {}
+    for label, settings in tqdm(map_points(), desc="map", unit="point"):
+        key = (settings.shape.vocab_size, settings.block_size)
+        data = cache.setdefault(key, prepare(settings))
+        for arch in ARCHS:
+            run = run_one(arch, settings.learning_rates[0], settings, data, device)
+            final_shared = run["diagnostics"][-1]["final_shared"] if run["diagnostics"] else None
+            rows.append({"point": label, "unigram_loss": data.unigram_loss, "final_shared": final_shared, **run})
+            payload["minutes"] = (time.perf_counter() - started) / 60
+            write_json_atomic(out_dir / "stability_map.json", payload)
+    write_text_atomic(out_dir / "stability_map.md", map_markdown(payload))
+    return payload
+
+
+def map_markdown(payload: dict[str, Any]) -> str:
+    lines = [
+        "## Where the old default stalls (peak lr 3e-3, one factor at a time)",
+        "",
+        f"`{payload['command']}` (CPU, {payload['minutes']:.1f} min). Final validation loss (* = on the unigram "
+        "plateau) and, in brackets, the shared fraction of the last hidden state (1 = every token the same).",
+        "",
+        "| point | unigram | " + " | ".join(ARCHS) + " |",
+        "|---|---:|" + "---:|" * len(ARCHS),
+    ]
+    points = list(dict.fromkeys(row["point"] for row in payload["rows"]))
+    for point in points:
+        rows = {row["arch"]: row for row in payload["rows"] if row["point"] == point}
+        cells = [
+            f"{rows[a]['final_loss']:.3f}{'*' if rows[a]['plateau'] else ''} ({rows[a]['final_shared']:.2f})"
+            if a in rows
+            else ""
+            for a in ARCHS
+        ]
+        unigram = next(iter(rows.values()))["unigram_loss"]
+        lines.append(f"| {point} | {unigram:.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------- main
+def check_environment() -> None:
+    """A one-line exit when transformers is older than the package needs (a GPU image may carry 5.17)."""
+    import transformers
+
+    version = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+    if version < MIN_TRANSFORMERS:
+        sys.exit(
+            f"stability: transformers {transformers.__version__} is too old; hires-hf needs >= "
+            f"{'.'.join(map(str, MIN_TRANSFORMERS))}: pip install 'transformers>=5.24,<5.30'"
+        )
+
+
+def run(settings: StabilitySettings, out_dir: Path, name: str, title: str, command: str) -> dict[str, Any]:
+    """Every (learning rate, architecture) run; the JSON is rewritten after each, so a cut-off run keeps its rows."""
+    started = time.perf_counter()
+    device = pick_device(settings.device)
+    data = prepare(settings)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    payload: dict[str, Any] = {
+        "title": title,
+        "command": command,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+        "settings": asdict(settings),
+        "unigram_loss": data.unigram_loss,
+        "figure": f"{name}.png",
+        "runs": [],
+    }
+    jobs = [(lr, arch) for lr in settings.learning_rates for arch in settings.archs]
+    for lr, arch in tqdm(jobs, desc="stability", unit="run"):
+        payload["runs"].append(run_one(arch, lr, settings, data, device))
+        payload["minutes"] = (time.perf_counter() - started) / 60
+        write_json_atomic(out_dir / f"{name}.json", payload)
+    plot(payload, out_dir / f"{name}.png")
+    write_text_atomic(out_dir / f"{name}.md", markdown(payload))
+    return payload
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--smoke", action="store_true", help="seconds-long run (tests)")
+    parser.add_argument("--map", action="store_true", help="where the old default stalls (see module docstring)")
+    parser.add_argument("--lrs", type=float, nargs="+", help="peak learning rates (default: the preset's grid)")
+    parser.add_argument("--vanilla-steps", type=int, help="optimizer steps of the twin (HiRes: equal FLOPs)")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    check_environment()
+    command = "python benchmarks/stability.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.map:
+        print(map_markdown(run_map(args.out_dir, command.strip())))
+        return 0
+    settings = (
+        StabilitySettings.smoke()
+        if args.smoke
+        else (StabilitySettings.gpu() if args.preset == "gpu" else StabilitySettings())
+    )
+    if args.lrs:
+        settings = replace(settings, learning_rates=tuple(args.lrs))
+    if args.vanilla_steps:
+        settings = replace(settings, vanilla_steps=args.vanilla_steps)
+    name = "stability_gpu" if args.preset == "gpu" else "stability"
+    title = f"HiRes vs its twin over a learning-rate grid ({args.preset.upper()} shape)"
+    payload = run(settings, args.out_dir, name, title, command.strip())
+    print(markdown(payload))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

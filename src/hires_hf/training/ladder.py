@@ -412,7 +412,11 @@ def _train_all(jobs, scale, timings, settings, data, device, out, progress, on_r
             rate = job.learning_rate or _carried_rate(job, records, settings)
             bar.set_postfix_str(f"{job.rung.name} {job.arch} seed {job.seed} lr {rate:.2g} ({job.role})")
             guard = timings.get((job.rung.name, job.arch))
-            record = train_one(job, rate, budget_of(job.rung, scale), settings, data, device, bar, guard)
+            try:
+                record = train_one(job, rate, budget_of(job.rung, scale), settings, data, device, bar, guard)
+            except (RuntimeError, ValueError) as error:  # one broken run (e.g. out of memory) must not end the ladder
+                record = failed_record(job, rate, error)
+                tqdm.write(f"{job.rung.name} {job.arch} seed {job.seed} failed: {record['error']}")
             records.append(record)
             write_runs(out, records)
             if on_run is not None:
@@ -508,6 +512,22 @@ def train_one(
     }
 
 
+def failed_record(job: Job, learning_rate: float, error: Exception) -> dict[str, Any]:
+    """The RUNS record of a run that raised: kept (with the error's first line) but never fitted."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return {
+        "arch": job.arch,
+        "size": job.rung.name,
+        "seed": job.seed,
+        "role": job.role,
+        "learning_rate": learning_rate,
+        "hidden_size": job.rung.hires.hidden_size,
+        "loss": float("inf"),
+        "error": str(error).splitlines()[0][:300] if str(error) else type(error).__name__,
+    }
+
+
 def fitted_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The records a scaling fit uses: the ladder runs, plus each architecture's winning sweep run (seed 0 of the
     smallest rung); sweep losers, rule checks and the MoE point stay out."""
@@ -516,6 +536,8 @@ def fitted_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _is_fitted(record: dict[str, Any], best: dict[str, float]) -> bool:
+    if "error" in record:
+        return False
     role = record.get("role", "ladder")
     return role == "ladder" or (role == "sweep" and best.get(record["arch"]) == record["learning_rate"])
 

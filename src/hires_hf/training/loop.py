@@ -41,6 +41,7 @@ class LoopSettings:
     evaluations: int = 8  # evenly spaced, plus one before the first step
     eval_batch_size: int = 16
     seed: int = 0
+    precision: str = "auto"  # "auto": bf16 autocast on CUDA, fp32 elsewhere; "bf16" or "fp32" anywhere
 
 
 @dataclass
@@ -70,10 +71,10 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def autocast(device: torch.device) -> AbstractContextManager:
-    """bf16 autocast on CUDA (weights and optimizer stay fp32); plain fp32 elsewhere."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+def autocast(device: torch.device, precision: str = "auto") -> AbstractContextManager:
+    """bf16 autocast (weights and optimizer stay fp32) on CUDA with "auto", anywhere with "bf16"; else fp32."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return nullcontext()
 
 
@@ -105,7 +106,7 @@ def build_optimizer(model: nn.Module, settings: LoopSettings) -> torch.optim.Ada
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, blocks: torch.Tensor, batch_size: int) -> float:
+def evaluate(model: nn.Module, blocks: torch.Tensor, batch_size: int, precision: str = "auto") -> float:
     """Mean next-token loss over packed `blocks` (already on the model's device)."""
     was_training = model.training
     model.eval()
@@ -113,7 +114,7 @@ def evaluate(model: nn.Module, blocks: torch.Tensor, batch_size: int) -> float:
     total = torch.zeros((), device=device)
     for start in range(0, blocks.shape[0], batch_size):
         batch = blocks[start : start + batch_size]
-        with autocast(device):
+        with autocast(device, precision):
             total += model(input_ids=batch, labels=batch).loss.float() * batch.shape[0]
     model.train(was_training)
     return (total / blocks.shape[0]).item()
@@ -147,7 +148,7 @@ def train_loop(
     order = batch_order(train_blocks.shape[0], settings.steps, settings.batch_size, settings.seed).to(device)
     optimizer = build_optimizer(model, settings)
     eval_at = _evaluation_steps(settings)
-    curve = [(0, evaluate(model, valid_blocks, settings.eval_batch_size))]
+    curve = [(0, evaluate(model, valid_blocks, settings.eval_batch_size, settings.precision))]
     losses: list[tuple[int, torch.Tensor]] = []
     model.train()
     synchronize(device)
@@ -156,7 +157,7 @@ def train_loop(
         for group in optimizer.param_groups:
             group["lr"] = settings.learning_rate * lr_factor(step, settings)
         batch = train_blocks[order[step]]
-        with autocast(device):
+        with autocast(device, settings.precision):
             loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
@@ -171,7 +172,7 @@ def train_loop(
             on_step(step)
         if step + 1 in eval_at:
             tick = time.perf_counter()
-            curve.append((step + 1, evaluate(model, valid_blocks, settings.eval_batch_size)))
+            curve.append((step + 1, evaluate(model, valid_blocks, settings.eval_batch_size, settings.precision)))
             eval_seconds += time.perf_counter() - tick
             if not math.isfinite(curve[-1][1]):
                 diverged = True

@@ -25,6 +25,7 @@ Writes benchmarks/results/stability[_gpu|_map].{md,json,png} (or under --out-dir
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -100,6 +101,7 @@ class StabilitySettings:
     eval_blocks: int = 64
     evaluations: int = 8
     diagnostics_every: int = 10
+    old_lrs: tuple[float, ...] | None = None  # rates for hires-vanilla-embedding (None: the whole grid)
     device: str = "auto"
     precision: str = "auto"  # bf16 autocast on CUDA, fp32 on the CPU; "bf16" forces it anywhere
     seed: int = 0
@@ -400,7 +402,12 @@ def run(settings: StabilitySettings, out_dir: Path, name: str, title: str, comma
         "figure": f"{name}.png",
         "runs": [],
     }
-    jobs = [(lr, arch) for lr in settings.learning_rates for arch in settings.archs]
+    jobs = [
+        (lr, arch)
+        for lr in settings.learning_rates
+        for arch in settings.archs
+        if arch != "hires-vanilla-embedding" or settings.old_lrs is None or lr in settings.old_lrs
+    ]
     for lr, arch in tqdm(jobs, desc="stability", unit="run"):
         payload["runs"].append(run_one(arch, lr, settings, data, device))
         payload["minutes"] = (time.perf_counter() - started) / 60
@@ -417,8 +424,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--map", action="store_true", help="where the old default stalls (see module docstring)")
     parser.add_argument("--lrs", type=float, nargs="+", help="peak learning rates (default: the preset's grid)")
     parser.add_argument("--vanilla-steps", type=int, help="optimizer steps of the twin (HiRes: equal FLOPs)")
+    parser.add_argument("--archs", nargs="+", choices=ARCHS, help=f"architectures (default: {' '.join(ARCHS)})")
+    parser.add_argument("--old-lrs", type=float, nargs="+", help="run hires-vanilla-embedding at these rates only")
+    parser.add_argument("--name", help="file name of the outputs (default: stability or stability_gpu)")
+    parser.add_argument("--render", type=Path, help="rewrite the table and figure of a finished (or cut-off) JSON")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.render:
+        payload = json.loads(args.render.read_text())
+        plot(payload, args.render.with_suffix(".png"))
+        write_text_atomic(args.render.with_suffix(".md"), markdown(payload))
+        print(markdown(payload))
+        return 0
     check_environment()
     command = "python benchmarks/stability.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.map:
@@ -433,7 +450,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = replace(settings, learning_rates=tuple(args.lrs))
     if args.vanilla_steps:
         settings = replace(settings, vanilla_steps=args.vanilla_steps)
-    name = "stability_gpu" if args.preset == "gpu" else "stability"
+    if args.archs:
+        settings = replace(settings, archs=tuple(args.archs))
+    if args.old_lrs:
+        settings = replace(settings, old_lrs=tuple(args.old_lrs))
+    name = args.name or ("stability_gpu" if args.preset == "gpu" else "stability")
     title = f"HiRes vs its twin over a learning-rate grid ({args.preset.upper()} shape)"
     payload = run(settings, args.out_dir, name, title, command.strip())
     print(markdown(payload))

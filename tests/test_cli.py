@@ -43,7 +43,19 @@ def test_invalid_config_file_reports_the_field(tmp_path, capsys) -> None:
 
 
 # Every command the README documents; `bench` comes from the checkout's benchmarks/ (the tests run from its root).
-COMMANDS = {"info", "convert", "train", "demo", "ladder", "eval", "perplexity", "scaling", "publish", "bench"}
+COMMANDS = {
+    "info",
+    "convert",
+    "train",
+    "demo",
+    "ladder",
+    "eval",
+    "perplexity",
+    "scaling",
+    "inspect",
+    "publish",
+    "bench",
+}
 
 
 def _subcommands(parser) -> dict:

@@ -111,11 +111,13 @@ def evaluate(model: nn.Module, blocks: torch.Tensor, batch_size: int, precision:
     was_training = model.training
     model.eval()
     device = blocks.device
+    # the language-model loss alone: an MoE model trained with router losses must not be scored with them
+    lm_only = {"output_router_logits": False} if getattr(model.config, "num_experts", 0) else {}
     total = torch.zeros((), device=device)
     for start in range(0, blocks.shape[0], batch_size):
         batch = blocks[start : start + batch_size]
         with autocast(device, precision):
-            total += model(input_ids=batch, labels=batch).loss.float() * batch.shape[0]
+            total += model(input_ids=batch, labels=batch, **lm_only).loss.float() * batch.shape[0]
     model.train(was_training)
     return (total / blocks.shape[0]).item()
 

@@ -1,0 +1,92 @@
+"""The measurement loop (`hires_hf.training.loop`): the package's recipe, reproducible batches, honest timings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from hires_hf import HiResConfig
+from hires_hf.training import build_tokenizer, encode_documents, load_default_corpus, pack, special_token_ids
+from hires_hf.training.loop import (
+    LoopSettings,
+    batch_order,
+    build_optimizer,
+    evaluate,
+    lr_factor,
+    time_train_step,
+    train_loop,
+)
+
+VOCAB = 300
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    corpus = load_default_corpus(max_chars=120_000)
+    tokenizer = build_tokenizer(corpus.train, vocab_size=VOCAB, sample_chars=60_000)
+    train = pack(encode_documents(tokenizer, corpus.train), 32, tokenizer.eos_token_id)
+    valid = pack(encode_documents(tokenizer, corpus.validation), 32, tokenizer.eos_token_id)[:8]
+    return train, valid, special_token_ids(tokenizer)
+
+
+def tiny(special, **fields) -> HiResConfig:
+    return HiResConfig.from_preset("tiny", vocab_size=VOCAB, **special, **fields)
+
+
+def test_schedule_warms_up_linearly_then_decays_by_cosine_to_its_floor():
+    settings = LoopSettings(steps=100, batch_size=1, learning_rate=1.0, final_lr_fraction=0.1)
+    factors = [lr_factor(step, settings) for step in range(100)]
+    assert factors[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])  # 5% warmup
+    assert all(a >= b for a, b in zip(factors[4:], factors[5:]))  # then never rising
+    assert factors[-1] == pytest.approx(0.1, abs=1e-3)
+
+
+def test_batch_order_is_fixed_by_the_seed_and_a_shorter_run_sees_a_prefix():
+    long, short = batch_order(50, 20, 8, seed=3), batch_order(50, 5, 8, seed=3)
+    assert torch.equal(long[:5], short)
+    assert not torch.equal(batch_order(50, 5, 8, seed=4), short)
+    first_epoch = long.flatten()[:50]
+    assert sorted(first_epoch.tolist()) == list(range(50))  # epochs: every block once before any repeats
+
+
+def test_optimizer_decays_matrices_and_embeddings_not_norms():
+    model = AutoModelForCausalLM.from_config(HiResConfig.from_preset("tiny"))
+    decayed, plain = build_optimizer(model, LoopSettings(steps=1, batch_size=1, learning_rate=1e-3)).param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert {p.ndim for p in decayed["params"]} == {2} and {p.ndim for p in plain["params"]} == {1}
+    assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
+
+
+def test_loop_lowers_validation_loss_and_reports_what_it_did(blocks):
+    train, valid, special = blocks
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny(special))
+    settings = LoopSettings(steps=30, batch_size=8, learning_rate=3e-3, evaluations=3)
+    seen = []
+    result = train_loop(model, train, valid, settings, on_step=seen.append)
+    assert seen == list(range(30))
+    assert [step for step, _ in result.curve] == [0, 10, 20, 30]
+    assert result.curve[-1][1] < result.curve[0][1] - 0.5
+    assert result.final_loss == pytest.approx(evaluate(model, valid, 16))
+    assert result.tokens == 30 * 8 * 32 and len(result.train_losses) == 30
+
+
+def test_evaluation_scores_an_moe_model_on_its_language_modelling_loss_alone(blocks):
+    _, valid, special = blocks
+    model = AutoModelForCausalLM.from_config(
+        HiResConfig.from_preset("tiny-moe", vocab_size=VOCAB, output_router_logits=True, **special)
+    )
+    with torch.no_grad():
+        with_router = model(input_ids=valid, labels=valid).loss.item()  # LM + coef * (aux + z)
+        lm_only = model(input_ids=valid, labels=valid, output_router_logits=False).loss.item()
+    assert with_router > lm_only
+    assert evaluate(model, valid, batch_size=len(valid)) == pytest.approx(lm_only, rel=1e-5)
+
+
+def test_step_timing_is_positive_and_grows_with_the_model():
+    small = time_train_step(HiResConfig.from_preset("tiny"), 2, 32)
+    large = time_train_step(
+        HiResConfig.from_preset("tiny", hidden_size=256, intermediate_size=688, residual_size=512), 2, 32
+    )
+    assert 0 < small < large

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -38,7 +40,7 @@ def test_schedule_warms_up_linearly_then_decays_by_cosine_to_its_floor():
     settings = LoopSettings(steps=100, batch_size=1, learning_rate=1.0, final_lr_fraction=0.1)
     factors = [lr_factor(step, settings) for step in range(100)]
     assert factors[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])  # 5% warmup
-    assert all(a >= b for a, b in zip(factors[4:], factors[5:]))  # then never rising
+    assert all(a >= b for a, b in itertools.pairwise(factors[4:]))  # then never rising
     assert factors[-1] == pytest.approx(0.1, abs=1e-3)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -121,3 +123,35 @@ def test_gpu_throughput_loop_and_mfu_rule():
         {"shape": "t", "attention": "sdpa", "vanilla": False, "mfu": 0.46},
     ]
     assert [v["met"] for v in mfu_targets(rows)] == [True, False]
+
+
+# ---------------------------------------------------------------------------------------------------- stability
+def _run(arch: str, lr: float, loss: float, plateau: bool = False) -> dict:
+    return {"arch": arch, "lr": lr, "final_loss": loss, "plateau": plateau}
+
+
+def test_stability_checks_pass_only_when_hires_learns_wherever_its_twin_does():
+    from benchmarks.stability import acceptance
+
+    good = [_run("vanilla", 1e-3, 5.0), _run("vanilla", 3e-3, 4.8), _run("hires", 1e-3, 4.9), _run("hires", 3e-3, 4.7)]
+    assert [ok for _, ok, _ in acceptance(good)] == [True, True, True]
+    stuck = [*good[:3], _run("hires", 3e-3, 6.7, plateau=True)]
+    verdicts = acceptance(stuck)
+    assert [ok for _, ok, _ in verdicts] == [False, False, False]
+    assert "HiRes on the plateau at 0.003" in verdicts[0][2]
+
+
+@pytest.mark.slow
+def test_stability_smoke_writes_table_json_and_figure(tmp_path):
+    from benchmarks.stability import main as stability
+
+    assert stability(["--smoke", "--out-dir", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "stability.json").read_text())
+    assert {(r["arch"], r["lr"]) for r in payload["runs"]} == {
+        (arch, lr) for arch in ("vanilla", "hires", "hires-vanilla-embedding") for lr in (1e-3, 3e-3)
+    }
+    steps = {r["arch"]: r["steps"] for r in payload["runs"]}
+    assert steps["hires"] < steps["vanilla"]  # equal counted FLOPs: HiRes pays for its projections with steps
+    assert all(r["diagnostics"] and r["diagnostics"][0]["units"] for r in payload["runs"])
+    assert "| peak lr | vanilla | hires | hires-vanilla-embedding |" in (tmp_path / "stability.md").read_text()
+    assert (tmp_path / "stability.png").stat().st_size > 10_000

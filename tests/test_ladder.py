@@ -7,6 +7,7 @@ pair at equal counted FLOPs; bad input must fail as one line before any training
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +17,18 @@ import torch
 import hires_hf.cli as cli
 from hires_hf.errors import HiResUserError
 from hires_hf.eval.scaling import analyse, read_runs
-from hires_hf.training.ladder import LadderSettings, budgets, build_rungs, run_ladder, time_scale
+from hires_hf.training.ladder import (
+    LadderSettings,
+    best_rates,
+    budget_of,
+    budgets,
+    build_rungs,
+    make_rung,
+    plan_jobs,
+    run_ladder,
+    time_scale,
+    width_rule,
+)
 
 
 def hires_hf(argv: list[str]) -> int:
@@ -85,16 +97,18 @@ def test_timed_budget_fits_the_wall_clock():
 
     settings = LadderSettings(sizes=("32x2", "64x4"), seeds=2, budget_minutes=10)
     rungs = build_rungs(settings)
+    jobs = plan_jobs(rungs, settings)
     timings = {(rung.name, arch): 0.01 * rung.flops_per_token[arch] / 1e5 for rung in rungs for arch in ladder.ARCHS}
-    scale = time_scale(rungs, settings, timings, spent=30.0)
+    scale = time_scale(jobs, settings, timings, spent=30.0)
     tokens_per_step = settings.batch_size * settings.block_size
     predicted = sum(
-        settings.seeds * budget / (rung.flops_per_token[arch] * tokens_per_step) * timings[rung.name, arch]
-        for rung, budget in zip(rungs, budgets(rungs, scale))
-        for arch in ladder.ARCHS
+        budget_of(job.rung, scale)
+        / (job.rung.flops_per_token[job.arch] * tokens_per_step)
+        * timings[job.rung.name, job.arch]
+        for job in jobs
     )
-    runs = len(rungs) * 2 * settings.seeds
-    expected = settings.budget_minutes * 60 * (1 - ladder.RESERVE) - 30.0 - runs * ladder.RUN_OVERHEAD_SECONDS
+    expected = settings.budget_minutes * 60 * (1 - ladder.RESERVE) - 30.0 - len(jobs) * ladder.RUN_OVERHEAD_SECONDS
+    assert len(jobs) == len(rungs) * 2 * settings.seeds
     assert predicted == pytest.approx(expected)
     low, high = budgets(rungs, scale)
     ratio = rungs[1].flops_per_token["vanilla"] / rungs[0].flops_per_token["vanilla"]
@@ -163,3 +177,66 @@ def test_quality_half_renders_a_section_from_runs(smoke_runs, tmp_path):
         assert f"](results/{name})" in text
         assert (results / name).read_bytes()[:4] == b"\x89PNG"
     assert "## Quality half" in report.write_results(tmp_path).read_text()
+
+
+# ---------------------------------------------------------------------------------------------------- GPU preset
+@pytest.fixture(scope="module")
+def gpu_smoke_runs(tmp_path_factory) -> Path:
+    """The GPU preset's protocol at smoke size on the CPU: sweep, width rule, MoE point, rule check."""
+    out = tmp_path_factory.mktemp("gpu-ladder") / "runs.jsonl"
+    assert hires_hf(["ladder", "--preset", "gpu", "--smoke", "--quiet", "--out", str(out)]) == 0
+    return out
+
+
+def test_gpu_preset_plans_sweep_then_ladder_then_moe_and_rule_check():
+    settings = LadderSettings.gpu()
+    rungs = build_rungs(settings)
+    assert [rung.hires.hidden_size for rung in rungs] == [256, 384, 512, 768]
+    assert all(rung.hires.head_dim == 64 and rung.hires.layers_per_block == 4 for rung in rungs)
+    non_embedding = [rung.hires.num_hidden_layers * 12 * rung.hires.hidden_size**2 for rung in rungs]
+    assert 4e6 < non_embedding[0] and non_embedding[-1] < 1.5e8  # ~5M to ~100M non-embedding parameters
+    moe = make_rung(settings.moe_size, settings, None, moe=True)
+    jobs = plan_jobs(rungs, settings, moe)
+    roles = [job.role for job in jobs]
+    assert roles[:6] == ["sweep"] * 6 and roles[-2:] == ["rule-check"] * 2 and roles.count("moe") == 2
+    seeds = {(job.rung.name, job.seed) for job in jobs if job.role == "ladder"}
+    assert seeds == {("384x8", 0), ("512x12", 0), ("768x16", 0), ("256x8", 1), ("384x8", 1)}
+    assert moe.vanilla.model_type == "olmoe" and moe.hires.num_experts == 32
+
+
+def test_gpu_smoke_ladder_carries_the_best_swept_rate_up_by_width_and_fits(gpu_smoke_runs):
+    import json
+
+    records = [json.loads(line) for line in gpu_smoke_runs.read_text().splitlines()]
+    best = best_rates(records)
+    assert set(best) == {"hires", "vanilla"}
+    for record in records:
+        if record["role"] in ("ladder", "moe"):
+            expected = width_rule(best[record["arch"]], 16, record["hidden_size"])
+            assert record["learning_rate"] == pytest.approx(expected)
+        if record["role"] == "rule-check":
+            assert record["learning_rate"] == best[record["arch"]]
+    fitted = {(r["size"], r["arch"]) for r in records if r["fit"]}
+    assert fitted == {(size, arch) for size in ("16x2", "32x2") for arch in ("hires", "vanilla")}
+    runs = read_runs(gpu_smoke_runs)  # sweep losers, the rule check and the MoE point stay out of the fit
+    assert len(runs) == 4
+    assert len(analyse(runs, bootstrap=10).multipliers) == 1
+    moe = [r for r in records if r["role"] == "moe"]
+    assert {r["model_type"] for r in moe} == {"hires", "olmoe"} and all(math.isfinite(r["loss"]) for r in moe)
+
+
+def test_a_failing_run_is_recorded_and_the_ladder_goes_on(tmp_path, monkeypatch):
+    from hires_hf.training import ladder
+
+    real = ladder.train_one
+
+    def flaky(job, *args, **kwargs):
+        if job.arch == "hires" and job.rung.name == "32x2":
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real(job, *args, **kwargs)
+
+    monkeypatch.setattr(ladder, "train_one", flaky)
+    records = run_ladder(LadderSettings.smoke(), tmp_path / "runs.jsonl", progress=False)
+    failed = [r for r in records if "error" in r]
+    assert len(records) == 4 and len(failed) == 1 and "out of memory" in failed[0]["error"]
+    assert len(read_runs(tmp_path / "runs.jsonl")) == 3  # the failed run is kept but never fitted

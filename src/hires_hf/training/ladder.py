@@ -51,6 +51,7 @@ from .trainer import ensure_writable, train_flops_per_token
 
 ARCHS = ("hires", "vanilla")
 RESERVE = 0.30  # share of the budget kept for data, evaluation, model building and a busy shared CPU
+CUDA_RESERVE = 0.10  # a GPU's synchronised timings hold: keep less back
 RUN_OVERHEAD_SECONDS = 3.0  # per run: building the model, the evaluations
 MIN_STEPS = 20  # fewer optimizer steps than this on the smallest rung says nothing about the architecture
 SIZE_PATTERN = re.compile(r"^(\d+)x(\d+)$")
@@ -294,7 +295,11 @@ def budget_of(rung: Rung, scale: float) -> float:
 
 
 def time_scale(
-    jobs: Sequence[Job], settings: LadderSettings, seconds_per_step: dict[tuple[str, str], float], spent: float
+    jobs: Sequence[Job],
+    settings: LadderSettings,
+    seconds_per_step: dict[tuple[str, str], float],
+    spent: float,
+    reserve: float = RESERVE,
 ) -> float:
     """The largest scale whose runs all fit the wall-clock budget.
 
@@ -307,7 +312,7 @@ def time_scale(
         / (job.rung.flops_per_token[job.arch] * tokens_per_step)
         for job in jobs
     )
-    left = settings.budget_minutes * 60 * (1 - RESERVE) - spent - len(jobs) * RUN_OVERHEAD_SECONDS
+    left = settings.budget_minutes * 60 * (1 - reserve) - spent - len(jobs) * RUN_OVERHEAD_SECONDS
     return max(left, 0.0) / seconds_per_unit
 
 
@@ -388,7 +393,7 @@ def plan_scale(
         for key, config in tqdm(models.items(), desc="timing steps", leave=False)
     }
     spent += sum(timings.values()) * 4  # each timing ran a warm-up step and three timed ones
-    scale = time_scale(jobs, settings, timings, spent)
+    scale = time_scale(jobs, settings, timings, spent, CUDA_RESERVE if device.type == "cuda" else RESERVE)
     smallest = steps_for(budget_of(rungs[0], scale), rungs[0].flops_per_token["hires"], settings)
     if smallest < MIN_STEPS:
         raise HiResUserError(
@@ -562,6 +567,7 @@ __all__ = [
     "budgets",
     "build_rungs",
     "fitted_records",
+    "make_rung",
     "parse_size",
     "plan_jobs",
     "run_ladder",

@@ -50,9 +50,9 @@ def layer_params(config: HiResConfig) -> int:
 
 
 def hires_extra_params(config: HiResConfig) -> int:
-    """What HiRes adds on top of the layers: read/write per block, outer norms, read-out."""
+    """What HiRes adds on top of the layers: read/write per block, write and outer norms, read-out."""
     d, wide = config.hidden_size, config.residual_size
-    per_block = 2 * d * wide + (wide if config.outer_norm else 0)
+    per_block = 2 * d * wide + (wide if config.outer_norm else 0) + (d if config.write_norm else 0)
     return config.num_blocks * per_block + wide * d
 
 

@@ -9,6 +9,10 @@ people recognise them. HiRes adds five fields:
 - `write_mode`: what a block writes back into the wide stream, its output ("output") or what it added ("delta").
 - `outer_norm`: the PostNorm over D after each block's write (off only for ablations and exact upcycling).
 - `projection_init`: how read / write / read-out projections start ("normal" or "identity").
+- `write_norm`: an RMSNorm (with its own gain) on what a block writes, before the write projection. With the
+  outer norm on, every projection then reads a normalised vector: the read and the read-out read the stream the
+  outer norms hold at RMS 1, the layers read their PreNorms, and the write reads this norm instead of the raw
+  inner residual stream, whose scale drifts freely during training. Default: on exactly when the outer norm is.
 - `embedding_multiplier`: the constant the wide token embedding is multiplied by in the forward pass. By
   default `1 / initializer_range` when the outer norm is on, so that tokens enter the wide stream at the scale
   the outer PostNorms hold it at (RMS 1), while the stored weights keep the vanilla init and so Adam's usual
@@ -131,6 +135,7 @@ class HiResConfig(PreTrainedConfig):
     write_mode: str = "output"
     outer_norm: bool = True
     projection_init: str = "normal"
+    write_norm: bool | None = None  # None -> outer_norm: normalise what a block writes into a normalised stream
     embedding_multiplier: float | None = None  # None -> 1 / initializer_range with the outer norm, else 1.0
 
     def __post_init__(self, **kwargs: Any) -> None:
@@ -141,6 +146,8 @@ class HiResConfig(PreTrainedConfig):
             self.num_key_value_heads = self.num_attention_heads
         if self.residual_size is None:
             self.residual_size = 2 * self.hidden_size
+        if self.write_norm is None:  # the write reads a normalised vector wherever the stream is normalised
+            self.write_norm = self.outer_norm
         if self.embedding_multiplier is None:  # tokens enter the stream at the scale the outer norms keep it at
             self.embedding_multiplier = 1.0 / self.initializer_range if self.outer_norm else 1.0
         if self.router_aux_loss_coef is None:  # TRL adds an aux loss whenever this is non-zero

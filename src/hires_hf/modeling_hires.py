@@ -6,7 +6,8 @@ Where HiRes departs from Llama / OLMoE (everything else is the vanilla layer, un
   `embedding_multiplier` so that tokens enter the wide stream at the scale the outer norms hold it at;
 - layers are grouped into `HiResBlock`s of `layers_per_block` (k) ordinary d-wide PreNorm layers;
 - each block reads its input from the wide stream (`read_proj`, D -> d), writes its output back
-  (`write_proj`, d -> D) and closes with a PostNorm over D (`outer_norm`): r <- Norm(r + Write(h));
+  (`write_proj`, d -> D) through an RMSNorm (`write_norm`) and closes with a PostNorm over D (`outer_norm`):
+  r <- Norm(r + Write(Norm(h)));
 - after the last block `read_out` (D -> d) brings the stream back to d for the final norm and the LM head.
 
 Attention, RoPE, the KV cache (d-wide, one entry per layer) and MoE routing are exactly those of the vanilla
@@ -359,7 +360,10 @@ class HiResScaledEmbedding(nn.Embedding):
 
 
 class HiResBlock(nn.Module):
-    """k vanilla layers between a read from and a write into the D-wide stream, closed by a PostNorm over D."""
+    """k vanilla layers between a read from and a write into the D-wide stream, closed by a PostNorm over D.
+
+    With the outer norm on, the write reads its input through `write_norm`: every projection then reads a
+    normalised vector (docs/stability.md), as every matrix of a PreNorm layer does."""
 
     def __init__(self, config: HiResConfig, block_idx: int) -> None:
         super().__init__()
@@ -367,6 +371,7 @@ class HiResBlock(nn.Module):
         self.write_delta = config.write_mode == "delta"
         self.read_proj = HiResProjection(wide, d)
         self.layers = nn.ModuleList(HiResDecoderLayer(config, block_idx * k + i) for i in range(k))
+        self.write_norm = HiResRMSNorm(d, eps=config.rms_norm_eps) if config.write_norm else None
         self.write_proj = HiResProjection(d, wide)
         self.outer_norm = HiResRMSNorm(wide, eps=config.rms_norm_eps) if config.outer_norm else None
 
@@ -376,7 +381,10 @@ class HiResBlock(nn.Module):
         hidden = h0
         for layer in self.layers:
             hidden = layer(hidden, **layer_kwargs)  # positional: gradient checkpointing needs it so
-        residual = residual + self.write_proj(hidden - h0 if self.write_delta else hidden)
+        written = hidden - h0 if self.write_delta else hidden
+        if self.write_norm is not None:  # the inner stream's scale drifts; the write must not inherit it
+            written = self.write_norm(written)
+        residual = residual + self.write_proj(written)
         return residual if self.outer_norm is None else self.outer_norm(residual)
 
 

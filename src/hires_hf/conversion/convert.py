@@ -708,7 +708,8 @@ def _mode_note(exact: bool) -> str:
     if exact:
         return "exact: identity read/write/read-out, write_mode='delta', outer_norm=False (HIRES.md §5)"
     return (
-        "warm start: HiRes defaults (write_mode='output', outer_norm=True) with identity read/write/read-out; "
+        "warm start: HiRes defaults (write_mode='output', outer_norm=True, write_norm=True) with identity "
+        "read/write/read-out; "
         "the function shifts (outer PostNorm) and recovers with continued training"
     )
 

@@ -51,6 +51,7 @@ OUTER = (
     Rule("lm_head.weight", ("model.embed_tokens.weight",), only_if_source_tied=True),  # tied source, D > d
     Rule(HIRES_BLOCK + "read_proj.weight", (), "identity"),  # [I_d | 0]
     Rule(HIRES_BLOCK + "write_proj.weight", (), "identity"),  # [I_d ; 0]
+    Rule(HIRES_BLOCK + "write_norm.weight", (), "ones"),
     Rule(HIRES_BLOCK + "outer_norm.weight", (), "ones"),
     Rule("model.read_out.weight", (), "identity"),
 )

@@ -84,3 +84,46 @@ def test_the_stream_keeps_token_information_at_a_high_learning_rate(text_blocks,
         assert shared > 0.95, shared
     else:
         assert shared < 0.5, shared
+
+
+def _write_step(width: int, **fields) -> float:
+    """RMS change of block 1's write output caused by one AdamW step of the write's own weights (the input held
+    fixed): how far one step at lr 1e-3 moves what the block adds to the normalised stream."""
+    torch.manual_seed(0)
+    config = HiResConfig(
+        vocab_size=512,
+        hidden_size=width,
+        intermediate_size=8 * width // 3 // 8 * 8 + 8,
+        num_hidden_layers=4,
+        num_attention_heads=max(1, width // 32),
+        layers_per_block=2,
+        max_position_embeddings=64,
+        **fields,
+    )
+    model = AutoModelForCausalLM.from_config(config)
+    write = model.model.blocks[1].write_proj
+    inputs = []
+    write.register_forward_hook(lambda _module, args, _out: inputs.append(args[0].detach()))
+    before = write.weight.detach().clone()
+    ids = torch.randint(0, 512, (8, 32), generator=torch.Generator().manual_seed(1))
+    optimizer = build_optimizer(model, LoopSettings(steps=1, batch_size=8, learning_rate=1e-3))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    moved = torch.nn.functional.linear(inputs[0], write.weight.detach() - before) * write.multiplier
+    return moved.pow(2).mean().sqrt().item()
+
+
+@pytest.mark.parametrize(
+    ("fields", "grows"),
+    [({}, False), ({"write_multiplier": 1.0}, True)],
+    ids=["default-width-independent", "unscaled-write-grows-with-width"],
+)
+def test_one_adam_step_moves_the_write_output_no_more_at_a_larger_width(fields, grows):
+    """Adam moves every weight by ~lr, so an unscaled write's output moves ~lr * d per step: a learning rate that is
+    safe at d=128 tips the normalised stream at d=512 (the GPU stall at lr 4e-3). The default multiplier
+    (WRITE_BASE_WIDTH / d) keeps the step's effect from growing with the width, muP's rule for Adam."""
+    ratio = _write_step(512, **fields) / _write_step(64, **fields)
+    if grows:
+        assert ratio > 3.0, ratio
+    else:
+        assert ratio < 1.5, ratio

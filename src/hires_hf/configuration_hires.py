@@ -13,6 +13,12 @@ people recognise them. HiRes adds five fields:
   outer norm on, every projection then reads a normalised vector: the read and the read-out read the stream the
   outer norms hold at RMS 1, the layers read their PreNorms, and the write reads this norm instead of the raw
   inner residual stream, whose scale drifts freely during training. Default: on exactly when the outer norm is.
+- `write_multiplier`: a constant the write projection's output is multiplied by, with the stored weights
+  initialised larger by its inverse (so the initial function is unchanged). Under Adam a step moves every weight
+  by ~lr, so the write's output moves by ~lr * d per step: in a stream the outer norms pin at RMS 1 that is a
+  width-dependent jump. The default `WRITE_BASE_WIDTH / hidden_size` (with the outer norm; 1.0 without) makes
+  the write's effective learning rate fall as 1/d, as muP prescribes for Adam, so that a learning rate that is
+  safe at one width stays safe at another.
 - `embedding_multiplier`: the constant the wide token embedding is multiplied by in the forward pass. By
   default `1 / initializer_range` when the outer norm is on, so that tokens enter the wide stream at the scale
   the outer PostNorms hold it at (RMS 1), while the stored weights keep the vanilla init and so Adam's usual
@@ -36,6 +42,7 @@ from transformers.modeling_rope_utils import RopeParameters
 WRITE_MODES = ("output", "delta")
 PROJECTION_INITS = ("normal", "identity")
 QK_NORMS = (None, "per_head", "full")
+WRITE_BASE_WIDTH = 128  # the width at which the write's multiplier is 1 (muP's base width)
 
 # Every saved folder names all its classes, whichever one saved it, so that the folder loads as remote code
 # through any of these Auto classes (transformers only adds the saving class on its own).
@@ -136,6 +143,7 @@ class HiResConfig(PreTrainedConfig):
     outer_norm: bool = True
     projection_init: str = "normal"
     write_norm: bool | None = None  # None -> outer_norm: normalise what a block writes into a normalised stream
+    write_multiplier: float | None = None  # None -> WRITE_BASE_WIDTH / hidden_size with the outer norm, else 1.0
     embedding_multiplier: float | None = None  # None -> 1 / initializer_range with the outer norm, else 1.0
 
     def __post_init__(self, **kwargs: Any) -> None:
@@ -148,6 +156,8 @@ class HiResConfig(PreTrainedConfig):
             self.residual_size = 2 * self.hidden_size
         if self.write_norm is None:  # the write reads a normalised vector wherever the stream is normalised
             self.write_norm = self.outer_norm
+        if self.write_multiplier is None:  # the write's effective learning rate falls as 1 / width (muP, Adam)
+            self.write_multiplier = WRITE_BASE_WIDTH / self.hidden_size if self.outer_norm else 1.0
         if self.embedding_multiplier is None:  # tokens enter the stream at the scale the outer norms keep it at
             self.embedding_multiplier = 1.0 / self.initializer_range if self.outer_norm else 1.0
         if self.router_aux_loss_coef is None:  # TRL adds an aux loss whenever this is non-zero
@@ -201,6 +211,12 @@ class HiResConfig(PreTrainedConfig):
             f"one of {PROJECTION_INITS}",
         )
         _require(self.qk_norm in QK_NORMS, "qk_norm", self.qk_norm, f"one of {QK_NORMS}")
+        _require(
+            self.write_multiplier > 0,
+            "write_multiplier",
+            self.write_multiplier,
+            "a positive number (or None for the default: WRITE_BASE_WIDTH / hidden_size with the outer norm, else 1.0)",
+        )
         _require(
             self.embedding_multiplier > 0,
             "embedding_multiplier",
@@ -348,4 +364,4 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-__all__ = ["PRESETS", "HiResConfig"]
+__all__ = ["PRESETS", "WRITE_BASE_WIDTH", "HiResConfig"]

@@ -330,11 +330,21 @@ class HiResProjection(nn.Linear):
 
     Its own class so that `_init_weights` can find it: with `projection_init="identity"` it starts as the
     rectangular identity ([I_d | 0] to read, [I_d ; 0] to write): the first d coordinates of the wide stream
-    are then the vanilla residual stream.
+    are then the vanilla residual stream. `multiplier` scales the output (the write's `write_multiplier`); the
+    weights are initialised larger by its inverse, so it changes how fast Adam moves the map, not the map.
     """
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, multiplier: float = 1.0) -> None:
         super().__init__(in_features, out_features, bias=False)
+        self.multiplier = multiplier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return out if self.multiplier == 1.0 else out * self.multiplier
+
+    def extra_repr(self) -> str:
+        scaled = f", multiplier={self.multiplier:g}" if self.multiplier != 1.0 else ""
+        return super().extra_repr() + scaled
 
 
 class HiResScaledEmbedding(nn.Embedding):
@@ -372,7 +382,7 @@ class HiResBlock(nn.Module):
         self.read_proj = HiResProjection(wide, d)
         self.layers = nn.ModuleList(HiResDecoderLayer(config, block_idx * k + i) for i in range(k))
         self.write_norm = HiResRMSNorm(d, eps=config.rms_norm_eps) if config.write_norm else None
-        self.write_proj = HiResProjection(d, wide)
+        self.write_proj = HiResProjection(d, wide, config.write_multiplier)
         self.outer_norm = HiResRMSNorm(wide, eps=config.rms_norm_eps) if config.outer_norm else None
 
     def forward(self, residual: torch.Tensor, **layer_kwargs) -> torch.Tensor:
@@ -417,7 +427,10 @@ class HiResPreTrainedModel(PreTrainedModel):
         elif isinstance(module, HiResTopKRouter):
             init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, HiResProjection) and self.config.projection_init == "identity":
-            init.eye_(module.weight)
+            weight = module.weight  # the map, multiplier included, is the rectangular identity
+            init.copy_(weight, torch.eye(*weight.shape, dtype=weight.dtype, device=weight.device) / module.multiplier)
+        elif isinstance(module, HiResProjection) and module.multiplier != 1.0:
+            init.normal_(module.weight, mean=0.0, std=std / module.multiplier)  # the map starts at std, as the others
 
 
 class HiResModel(HiResPreTrainedModel):

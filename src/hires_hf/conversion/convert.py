@@ -175,6 +175,7 @@ def hires_config(
         outer_norm=not exact,
         # The copied embedding already has the source's scale, the one its layers and the identity read expect.
         embedding_multiplier=1.0,
+        write_multiplier=1.0,  # the identity write is copied as the identity
         dtype=dtype,
     )
     fields.update(FAMILY_FIELDS[model_type](source))

@@ -21,7 +21,8 @@ from hires_hf.eval.scaling import analyse, plot_fits, read_runs
 
 
 def summary(runs_path: Path, title: str, command: str, trained_by: str | None = None) -> str:
-    records = [json.loads(line) for line in runs_path.read_text().splitlines() if line.strip()]
+    everything = [json.loads(line) for line in runs_path.read_text().splitlines() if line.strip()]
+    records = [r for r in everything if r.get("fit", True)]  # sweep losers, rule checks, the MoE point: below
     fit = analyse(read_runs(runs_path), bootstrap=1000, seed=0)
     figure = plot_fits(fit, runs_path.parent / "scaling_fit.png")
     sizes = sorted({r["size"] for r in records}, key=lambda size: min(r["flops"] for r in records if r["size"] == size))
@@ -55,8 +56,24 @@ def summary(runs_path: Path, title: str, command: str, trained_by: str | None = 
             f"{multiplier.at_compute:.3g}: **{multiplier.value:.3f}x** (95% CI {multiplier.ci_low:.3f}-"
             f"{multiplier.ci_high:.3f}).",
         ]
+    lines += _protocol_lines(everything)
     relative = os.path.relpath(Path(figure).resolve(), Path(__file__).resolve().parent)  # RESULTS.md's folder
     return "\n".join([*lines, "", f"![{Path(figure).name}]({Path(relative).as_posix()})", ""])
+
+
+def _protocol_lines(records: list[dict]) -> list[str]:
+    """The learning-rate sweep, the check of the width rule and the MoE point, where the ladder ran them."""
+    lines = []
+    extra = [r for r in records if r.get("role") in ("sweep", "rule-check", "moe")]
+    if not extra:
+        return lines
+    lines += ["", "| role | size | arch | peak lr | tokens | final loss |", "|---|---|---|---:|---:|---:|"]
+    for r in extra:
+        loss = f"{r['loss']:.4f}" if "error" not in r else f"failed: {r['error']}"
+        lines.append(
+            f"| {r['role']} | {r['size']} | {r['arch']} | {r['learning_rate']:.3g} | {r.get('tokens', 0):,} | {loss} |"
+        )
+    return lines
 
 
 def main() -> None:

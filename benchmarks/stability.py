@@ -220,8 +220,9 @@ def _slim(row: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- checks
-def acceptance(runs: list[dict[str, Any]]) -> list[tuple[str, bool, str]]:
-    """The issue's three checks, each with its verdict and the numbers behind it."""
+def acceptance(runs: list[dict[str, Any]], arch: str = "hires") -> list[tuple[str, bool, str]]:
+    """The issue's three checks of `arch` against the twin, each with its verdict and the numbers behind it."""
+    runs = [{**r, "arch": "hires"} if r["arch"] == arch else r for r in runs if r["arch"] in (arch, "vanilla")]
     loss = {(r["arch"], r["lr"]): r["final_loss"] for r in runs}
     plateau = {(r["arch"], r["lr"]): r["plateau"] for r in runs}
     rates = sorted({r["lr"] for r in runs})
@@ -254,9 +255,10 @@ def _rates(rates: list[float]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- report
-def markdown(payload: dict[str, Any]) -> str:
+def markdown(payload: dict[str, Any], checked: str = "hires") -> str:
+    """The section: settings, the loss table (archs in order of appearance), the checks of `checked`."""
     runs, settings = payload["runs"], payload["settings"]
-    archs = [a for a in ARCHS if any(r["arch"] == a for r in runs)]
+    archs = list(dict.fromkeys(r["arch"] for r in runs))
     rates = sorted({r["lr"] for r in runs})
     loss = {(r["arch"], r["lr"]): r for r in runs}
     shape = settings["shape"]
@@ -280,9 +282,9 @@ def markdown(payload: dict[str, Any]) -> str:
             run = loss.get((arch, lr))
             cells.append("" if run is None else f"{run['final_loss']:.3f}{'*' if run['plateau'] else ''}")
         lines.append(f"| {lr:g} | " + " | ".join(cells) + " |")
-    if all(a in archs for a in ("vanilla", "hires")):
-        lines += ["", "| check | verdict | numbers |", "|---|---|---|"]
-        for name, ok, numbers in acceptance(runs):
+    if all(a in archs for a in ("vanilla", checked)):
+        lines += ["", f"Checks of `{checked}` against the twin:", "", "| check | verdict | numbers |", "|---|---|---|"]
+        for name, ok, numbers in acceptance(runs, checked):
             lines.append(f"| {name} | {'pass' if ok else 'FAIL'} | {numbers} |")
     lines += ["", f"![validation loss against steps]({payload['figure']})", ""]
     return "\n".join(lines)
@@ -297,11 +299,12 @@ def plot(payload: dict[str, Any], path: Path) -> Path:
     runs = payload["runs"]
     rates = sorted({r["lr"] for r in runs})
     fig, axes = plt.subplots(1, len(rates), figsize=(4.2 * len(rates), 3.8), sharey=True, squeeze=False)
-    colours = {"vanilla": "tab:blue", "hires": "tab:red", "hires-vanilla-embedding": "tab:gray"}
+    archs = list(dict.fromkeys(r["arch"] for r in runs))
+    colours = dict(zip(archs, ("tab:blue", "tab:red", "tab:gray", "tab:orange", "tab:green", "tab:purple")))
     for ax, lr in zip(axes[0], rates):
         for run in (r for r in runs if r["lr"] == lr):
             steps, losses = zip(*run["curve"])
-            ax.plot(steps, losses, marker="o", ms=3, color=colours.get(run["arch"]), label=run["arch"])
+            ax.plot(steps, losses, marker="o", ms=3, color=colours[run["arch"]], label=run["arch"])
         ax.axhline(payload["unigram_loss"], color="k", ls=":", lw=1, label="unigram")
         ax.set_title(f"peak lr {lr:g}")
         ax.set_xlabel("step")

@@ -7,8 +7,9 @@ parameter, as a user's `AdamW(model.parameters())` would). Three architectures:
 
 - `vanilla`: the transformers twin (Llama) of the HiRes shape;
 - `hires`: HiRes with the package's defaults;
-- `hires-vanilla-embedding`: HiRes with `embedding_multiplier=1.0`, the defaults before the fix (tokens enter
-  the wide stream at the vanilla embedding's scale, ~50x below the stream the outer norms hold at RMS 1).
+- `hires-old-default`: HiRes as it shipped before the fix (`embedding_multiplier=1.0`, `write_norm=False`,
+  `write_multiplier=1.0`: tokens enter the wide stream ~50x below the RMS the outer norms hold it at, the write
+  reads the raw inner stream, and its Adam steps grow with the width); `--ablation` adds the fix's parts alone.
 
 A run is "on the plateau" when its final validation loss is within 0.2 nats of the unigram cross-entropy of
 the validation data (what a model that ignores its input reaches). Writes a table, the acceptance checks
@@ -17,6 +18,7 @@ the validation data (what a model that ignores its input reaches). Writes a tabl
     python benchmarks/stability.py                 # CPU: d=128, L=16, k=4 (4 blocks); ~13 minutes on 2 cores
     python benchmarks/stability.py --preset gpu    # one GPU: d=512, L=16, 12M vanilla tokens a run; ~7 min on an H200
     python benchmarks/stability.py --map           # where the old default stalls: width, blocks, batch, dtype
+    python benchmarks/stability.py --ablation      # each part of the fix alone, up to lr 1.6e-2
     python benchmarks/stability.py --smoke         # seconds: tests
 
 Writes benchmarks/results/stability[_gpu|_map].{md,json,png} (or under --out-dir).
@@ -54,7 +56,29 @@ from hires_hf.training.trainer import train_flops_per_token
 from hires_hf.twins import vanilla_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ARCHS = ("vanilla", "hires", "hires-vanilla-embedding")
+# HiRes variants by the config fields that differ from the defaults (None: the vanilla twin).
+VARIANTS: dict[str, dict[str, Any] | None] = {
+    "vanilla": None,
+    "hires": {},
+    "hires-old-default": {"embedding_multiplier": 1.0, "write_norm": False, "write_multiplier": 1.0},
+    "hires-embedding-fix-only": {"write_norm": False, "write_multiplier": 1.0},
+    "hires-no-write-multiplier": {"write_multiplier": 1.0},
+    "hires-write-multiplier-1/4": {"write_multiplier": 0.25},
+}
+ARCHS = ("vanilla", "hires", "hires-old-default")
+# The ablation at the CPU shape (d=128, where the default write multiplier is 1): the embedding fix alone at the
+# grid's rate and at 1e-2 (where the write norm is needed), and at 1.6e-2 the write multiplier of d=512
+# (128/512 = 1/4): lr * d * multiplier is the same as at d=512 and lr 4e-3, the GPU stall the multiplier removes.
+ABLATION_CELLS = (
+    (3e-3, "hires-embedding-fix-only"),
+    (3e-3, "hires-write-multiplier-1/4"),
+    (1e-2, "vanilla"),
+    (1e-2, "hires-embedding-fix-only"),
+    (1e-2, "hires"),
+    (1.6e-2, "vanilla"),
+    (1.6e-2, "hires"),
+    (1.6e-2, "hires-write-multiplier-1/4"),
+)
 PLATEAU_MARGIN = 0.2  # nats below the unigram cross-entropy a run must reach to count as learning
 MIN_TRANSFORMERS = (5, 24)
 
@@ -101,7 +125,8 @@ class StabilitySettings:
     eval_blocks: int = 64
     evaluations: int = 8
     diagnostics_every: int = 10
-    old_lrs: tuple[float, ...] | None = None  # rates for hires-vanilla-embedding (None: the whole grid)
+    old_lrs: tuple[float, ...] | None = None  # rates for hires-old-default (None: the whole grid)
+    cells: tuple[tuple[float, str], ...] | None = None  # explicit (lr, arch) runs instead of the grid
     device: str = "auto"
     precision: str = "auto"  # bf16 autocast on CUDA, fp32 on the CPU; "bf16" forces it anywhere
     seed: int = 0
@@ -170,12 +195,9 @@ def unigram_loss(train: torch.Tensor, validation: torch.Tensor) -> float:
 
 
 def arch_config(arch: str, settings: StabilitySettings, data: Data):
-    hires = settings.shape.config(data.special, settings.block_size)
-    if arch == "vanilla":
-        return vanilla_config(hires)
-    if arch == "hires-vanilla-embedding":
-        return settings.shape.config(data.special, settings.block_size, embedding_multiplier=1.0)
-    return hires
+    fields = VARIANTS[arch]
+    hires = settings.shape.config(data.special, settings.block_size, **(fields or {}))
+    return vanilla_config(hires) if fields is None else hires
 
 
 def run_one(arch: str, lr: float, settings: StabilitySettings, data: Data, device: torch.device) -> dict[str, Any]:
@@ -405,12 +427,16 @@ def run(settings: StabilitySettings, out_dir: Path, name: str, title: str, comma
         "figure": f"{name}.png",
         "runs": [],
     }
-    jobs = [
-        (lr, arch)
-        for lr in settings.learning_rates
-        for arch in settings.archs
-        if arch != "hires-vanilla-embedding" or settings.old_lrs is None or lr in settings.old_lrs
-    ]
+    jobs = (
+        list(settings.cells)
+        if settings.cells
+        else [
+            (lr, arch)
+            for lr in settings.learning_rates
+            for arch in settings.archs
+            if arch != "hires-old-default" or settings.old_lrs is None or lr in settings.old_lrs
+        ]
+    )
     for lr, arch in tqdm(jobs, desc="stability", unit="run"):
         payload["runs"].append(run_one(arch, lr, settings, data, device))
         payload["minutes"] = (time.perf_counter() - started) / 60
@@ -427,8 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--map", action="store_true", help="where the old default stalls (see module docstring)")
     parser.add_argument("--lrs", type=float, nargs="+", help="peak learning rates (default: the preset's grid)")
     parser.add_argument("--vanilla-steps", type=int, help="optimizer steps of the twin (HiRes: equal FLOPs)")
-    parser.add_argument("--archs", nargs="+", choices=ARCHS, help=f"architectures (default: {' '.join(ARCHS)})")
-    parser.add_argument("--old-lrs", type=float, nargs="+", help="run hires-vanilla-embedding at these rates only")
+    parser.add_argument("--archs", nargs="+", choices=VARIANTS, help=f"architectures (default: {' '.join(ARCHS)})")
+    parser.add_argument("--ablation", action="store_true", help="each part of the fix alone (ABLATION_CELLS)")
+    parser.add_argument("--old-lrs", type=float, nargs="+", help="run hires-old-default at these rates only")
     parser.add_argument("--name", help="file name of the outputs (default: stability or stability_gpu)")
     parser.add_argument("--render", type=Path, help="rewrite the table and figure of a finished (or cut-off) JSON")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
@@ -459,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = replace(settings, old_lrs=tuple(args.old_lrs))
     name = args.name or ("stability_gpu" if args.preset == "gpu" else "stability")
     title = f"HiRes vs its twin over a learning-rate grid ({args.preset.upper()} shape)"
+    if args.ablation:
+        settings = replace(settings, cells=ABLATION_CELLS)
+        name, title = args.name or "stability_ablation", "Each part of the fix alone (CPU shape)"
     payload = run(settings, args.out_dir, name, title, command.strip())
     print(markdown(payload))
     return 0

@@ -148,10 +148,10 @@ def test_stability_smoke_writes_table_json_and_figure(tmp_path):
     assert stability(["--smoke", "--out-dir", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "stability.json").read_text())
     assert {(r["arch"], r["lr"]) for r in payload["runs"]} == {
-        (arch, lr) for arch in ("vanilla", "hires", "hires-vanilla-embedding") for lr in (1e-3, 3e-3)
+        (arch, lr) for arch in ("vanilla", "hires", "hires-old-default") for lr in (1e-3, 3e-3)
     }
     steps = {r["arch"]: r["steps"] for r in payload["runs"]}
     assert steps["hires"] < steps["vanilla"]  # equal counted FLOPs: HiRes pays for its projections with steps
     assert all(r["diagnostics"] and r["diagnostics"][0]["units"] for r in payload["runs"])
-    assert "| peak lr | vanilla | hires | hires-vanilla-embedding |" in (tmp_path / "stability.md").read_text()
+    assert "| peak lr | vanilla | hires | hires-old-default |" in (tmp_path / "stability.md").read_text()
     assert (tmp_path / "stability.png").stat().st_size > 10_000

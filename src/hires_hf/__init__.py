@@ -12,7 +12,7 @@ from transformers import (
     AutoModelForSequenceClassification,
 )
 
-from . import _requirements  # noqa: F401  (first: one clear line on a transformers too old for the package)
+from . import _requirements  # noqa: F401  (before the model code: one line on a transformers too old for it)
 from .configuration_hires import PRESETS, HiResConfig
 from .modeling_hires import (
     HiResForCausalLM,

@@ -109,7 +109,8 @@ def _write_step(width: int, **fields) -> float:
     optimizer = build_optimizer(model, LoopSettings(steps=1, batch_size=8, learning_rate=1e-3))
     model(input_ids=ids, labels=ids).loss.backward()
     optimizer.step()
-    moved = torch.nn.functional.linear(inputs[0], write.weight.detach() - before) * write.multiplier
+    step = torch.nn.functional.linear(inputs[0], write.weight.detach() - before)
+    moved = step * model.model.blocks[1].write_multiplier
     return moved.pow(2).mean().sqrt().item()
 
 

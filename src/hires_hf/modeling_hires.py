@@ -330,21 +330,15 @@ class HiResProjection(nn.Linear):
 
     Its own class so that `_init_weights` can find it: with `projection_init="identity"` it starts as the
     rectangular identity ([I_d | 0] to read, [I_d ; 0] to write): the first d coordinates of the wide stream
-    are then the vanilla residual stream. `multiplier` scales the output (the write's `write_multiplier`); the
-    weights are initialised larger by its inverse, so it changes how fast Adam moves the map, not the map.
+    are then the vanilla residual stream. `output_multiplier` is the constant the caller multiplies its output
+    by (the write's `write_multiplier`): the weights start larger by its inverse, so that the map, multiplier
+    included, starts as any other. The multiplication itself happens in the block, outside this module, so that
+    tools which swap every `nn.Linear` for their own (vLLM) keep it.
     """
 
-    def __init__(self, in_features: int, out_features: int, multiplier: float = 1.0) -> None:
+    def __init__(self, in_features: int, out_features: int, output_multiplier: float = 1.0) -> None:
         super().__init__(in_features, out_features, bias=False)
-        self.multiplier = multiplier
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().forward(x)
-        return out if self.multiplier == 1.0 else out * self.multiplier
-
-    def extra_repr(self) -> str:
-        scaled = f", multiplier={self.multiplier:g}" if self.multiplier != 1.0 else ""
-        return super().extra_repr() + scaled
+        self.output_multiplier = output_multiplier
 
 
 class HiResScaledEmbedding(nn.Embedding):
@@ -359,14 +353,14 @@ class HiResScaledEmbedding(nn.Embedding):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None, multiplier: float) -> None:
         super().__init__(num_embeddings, embedding_dim, padding_idx)
-        self.multiplier = multiplier
+        self.embed_scale = multiplier  # the name transformers' scaled embeddings (Gemma 3) use for the same thing
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         embeds = super().forward(input_ids)
-        return embeds if self.multiplier == 1.0 else embeds * self.multiplier
+        return embeds if self.embed_scale == 1.0 else embeds * self.embed_scale
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, multiplier={self.multiplier:g}"
+        return f"{super().extra_repr()}, embed_scale={self.embed_scale:g}"
 
 
 class HiResBlock(nn.Module):
@@ -382,7 +376,8 @@ class HiResBlock(nn.Module):
         self.read_proj = HiResProjection(wide, d)
         self.layers = nn.ModuleList(HiResDecoderLayer(config, block_idx * k + i) for i in range(k))
         self.write_norm = HiResRMSNorm(d, eps=config.rms_norm_eps) if config.write_norm else None
-        self.write_proj = HiResProjection(d, wide, config.write_multiplier)
+        self.write_multiplier = config.write_multiplier
+        self.write_proj = HiResProjection(d, wide, output_multiplier=config.write_multiplier)
         self.outer_norm = HiResRMSNorm(wide, eps=config.rms_norm_eps) if config.outer_norm else None
 
     def forward(self, residual: torch.Tensor, **layer_kwargs) -> torch.Tensor:
@@ -394,7 +389,10 @@ class HiResBlock(nn.Module):
         written = hidden - h0 if self.write_delta else hidden
         if self.write_norm is not None:  # the inner stream's scale drifts; the write must not inherit it
             written = self.write_norm(written)
-        residual = residual + self.write_proj(written)
+        update = self.write_proj(written)  # (B, T, D)
+        if self.write_multiplier != 1.0:  # Adam's steps on the write shrink with the width (config docs)
+            update = update * self.write_multiplier
+        residual = residual + update
         return residual if self.outer_norm is None else self.outer_norm(residual)
 
 
@@ -428,9 +426,10 @@ class HiResPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, HiResProjection) and self.config.projection_init == "identity":
             weight = module.weight  # the map, multiplier included, is the rectangular identity
-            init.copy_(weight, torch.eye(*weight.shape, dtype=weight.dtype, device=weight.device) / module.multiplier)
-        elif isinstance(module, HiResProjection) and module.multiplier != 1.0:
-            init.normal_(module.weight, mean=0.0, std=std / module.multiplier)  # the map starts at std, as the others
+            eye = torch.eye(*weight.shape, dtype=weight.dtype, device=weight.device)
+            init.copy_(weight, eye / module.output_multiplier)
+        elif isinstance(module, HiResProjection) and module.output_multiplier != 1.0:
+            init.normal_(module.weight, mean=0.0, std=std / module.output_multiplier)  # the map starts at std
 
 
 class HiResModel(HiResPreTrainedModel):

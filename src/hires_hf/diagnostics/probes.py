@@ -73,7 +73,8 @@ def stream_probe(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
     """One forward pass on `input_ids`, measuring per block (HiRes) or per layer (vanilla) what the stream holds.
 
     Per HiRes block: `stream_rms` / `stream_shared` of the wide stream entering it, `read_rms` of what it reads,
-    `inner_rms` of its d-wide result before the write, `write_rms` / `write_shared` of what it writes, and
+    `inner_rms` of its raw d-wide result (the inner residual stream after its last layer), `write_rms` /
+    `write_shared` of what it adds to the stream (write multiplier included), and
     `write_to_stream`, the ratio of the write's RMS to the stream's: above ~1 the outer PostNorm shrinks
     everything the stream carried by that factor. `final_shared` is the shared fraction of the last hidden
     state (what the head sees).
@@ -86,7 +87,9 @@ def stream_probe(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
     if blocks is not None:
         for index, block in enumerate(blocks):
             hooks.append(block.register_forward_pre_hook(_block_input_hook(records, index, attention_mask)))
-            hooks.append(block.write_proj.register_forward_hook(_write_hook(records, index, attention_mask)))
+            hooks.append(block.layers[-1].register_forward_hook(_inner_hook(records)))
+            multiplier = getattr(block, "write_multiplier", 1.0)
+            hooks.append(block.write_proj.register_forward_hook(_write_hook(records, multiplier, attention_mask)))
     else:
         for index, layer in enumerate(_layers(model)):
             hooks.append(layer.register_forward_hook(_layer_output_hook(records, index, attention_mask)))
@@ -119,10 +122,17 @@ def _block_input_hook(records: list[dict], index: int, mask: torch.Tensor | None
     return hook
 
 
-def _write_hook(records: list[dict], index: int, mask: torch.Tensor | None):
-    def hook(_module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+def _inner_hook(records: list[dict]):
+    def hook(_module: nn.Module, _inputs: tuple, output: Any) -> None:
+        records[-1]["inner_rms"] = rms(output if torch.is_tensor(output) else output[0])
+
+    return hook
+
+
+def _write_hook(records: list[dict], multiplier: float, mask: torch.Tensor | None):
+    def hook(_module: nn.Module, _inputs: tuple, output: torch.Tensor) -> None:
         record = records[-1]
-        record["inner_rms"] = rms(inputs[0])
+        output = output * multiplier  # what the block adds to the stream
         record["write_rms"] = rms(output)
         record["write_shared"] = shared_fraction(output, mask)
         record["write_to_stream"] = record["write_rms"] / max(record["stream_rms"], 1e-30)

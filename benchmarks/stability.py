@@ -15,7 +15,7 @@ A run is "on the plateau" when its final validation loss is within 0.2 nats of t
 the validation data (what a model that ignores its input reaches). Writes a table, the acceptance checks
 (issue "HiRes must train at real scale") and a PNG of validation loss against steps per learning rate.
 
-    python benchmarks/stability.py                 # CPU: d=128, L=16, k=4 (4 blocks); ~13 minutes on 2 cores
+    python benchmarks/stability.py                 # CPU: d=128, L=16, k=4 (4 blocks); ~15 minutes on 2 cores
     python benchmarks/stability.py --preset gpu    # one GPU: d=512, L=16, 12M vanilla tokens a run; ~7 min on an H200
     python benchmarks/stability.py --map           # where the old default stalls: width, blocks, batch, dtype
     python benchmarks/stability.py --ablation      # each part of the fix alone, up to lr 1.6e-2

@@ -331,9 +331,13 @@ def plot(payload: dict[str, Any], path: Path) -> Path:
         ax.set_title(f"peak lr {lr:g}")
         ax.set_xlabel("step")
     axes[0][0].set_ylabel("validation loss (nats/token)")
-    axes[0][0].legend(fontsize=8)
+    handles = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), fontsize=8)
     fig.suptitle(payload["title"])
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -403,6 +407,22 @@ def map_markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def diagnostics_figures(payload: dict[str, Any], out_dir: Path, name: str) -> list[Path]:
+    """`hires-hf inspect`'s run figure for each HiRes variant at the highest rate the old default ran at (or the
+    grid's middle rate): the stream's shared fraction, write/stream ratio, update ratios, gradient norms."""
+    from hires_hf.diagnostics.plot import plot_run
+
+    old = sorted(r["lr"] for r in payload["runs"] if r["arch"] == "hires-old-default")
+    rates = sorted({r["lr"] for r in payload["runs"]})
+    lr = old[-1] if old else rates[len(rates) // 2]
+    paths = []
+    for run in payload["runs"]:
+        if run["lr"] == lr and run["arch"].startswith("hires") and run["diagnostics"]:
+            path = out_dir / f"{name}_diagnostics_{run['arch']}.png"
+            paths.append(plot_run(run["diagnostics"], path, title=f"{run['arch']} at peak lr {lr:g}"))
+    return paths
+
+
 # ---------------------------------------------------------------------------------------------------- main
 def check_environment() -> None:
     """A one-line exit when transformers is older than the package needs (a GPU image may carry 5.17)."""
@@ -446,6 +466,7 @@ def run(settings: StabilitySettings, out_dir: Path, name: str, title: str, comma
         payload["minutes"] = (time.perf_counter() - started) / 60
         write_json_atomic(out_dir / f"{name}.json", payload)
     plot(payload, out_dir / f"{name}.png")
+    diagnostics_figures(payload, out_dir, name)
     write_text_atomic(out_dir / f"{name}.md", markdown(payload))
     return payload
 
@@ -467,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         payload = json.loads(args.render.read_text())
         plot(payload, args.render.with_suffix(".png"))
+        diagnostics_figures(payload, args.render.parent, args.render.stem)
         write_text_atomic(args.render.with_suffix(".md"), markdown(payload))
         print(markdown(payload))
         return 0

@@ -280,7 +280,8 @@ def _rates(rates: list[float]) -> str:
 def markdown(payload: dict[str, Any], checked: str = "hires") -> str:
     """The section: settings, the loss table (archs in order of appearance), the checks of `checked`."""
     runs, settings = payload["runs"], payload["settings"]
-    archs = list(dict.fromkeys(r["arch"] for r in runs))
+    present = list(dict.fromkeys(r["arch"] for r in runs))
+    archs = [a for a in VARIANTS if a in present] + [a for a in present if a not in VARIANTS]
     rates = sorted({r["lr"] for r in runs})
     loss = {(r["arch"], r["lr"]): r for r in runs}
     shape = settings["shape"]

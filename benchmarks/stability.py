@@ -309,7 +309,7 @@ def markdown(payload: dict[str, Any], checked: str = "hires") -> str:
         lines += ["", f"Checks of `{checked}` against the twin:", "", "| check | verdict | numbers |", "|---|---|---|"]
         for name, ok, numbers in acceptance(runs, checked):
             lines.append(f"| {name} | {'pass' if ok else 'FAIL'} | {numbers} |")
-    lines += ["", f"![validation loss against steps]({payload['figure']})", ""]
+    lines += ["", f"![validation loss against steps](results/{payload['figure']})", ""]  # from RESULTS.md
     return "\n".join(lines)
 
 
@@ -381,7 +381,37 @@ def run_map(out_dir: Path, command: str) -> dict[str, Any]:
             payload["minutes"] = (time.perf_counter() - started) / 60
             write_json_atomic(out_dir / "stability_map.json", payload)
     write_text_atomic(out_dir / "stability_map.md", map_markdown(payload))
+    map_plot(payload, out_dir / "stability_map.png")
     return payload
+
+
+def map_plot(payload: dict[str, Any], path: Path) -> Path:
+    """Bars: the final loss of the twin and of the old default at each map point, the unigram loss as a tick."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = list(dict.fromkeys(row["point"] for row in payload["rows"]))
+    fig, ax = plt.subplots(figsize=(1.6 * len(points) + 2, 4))
+    width = 0.8 / len(MAP_ARCHS)
+    for i, arch in enumerate(MAP_ARCHS):
+        rows = {row["point"]: row for row in payload["rows"] if row["arch"] == arch}
+        xs = [p + i * width for p in range(len(points))]
+        ax.bar(xs, [rows[p]["final_loss"] if p in rows else 0 for p in points], width, label=arch)
+    for p, point in enumerate(points):
+        unigram = next(row["unigram_loss"] for row in payload["rows"] if row["point"] == point)
+        ax.hlines(unigram, p - width / 2, p + width * (len(MAP_ARCHS) - 0.5), colors="k", linestyles=":")
+    ax.set_xticks([p + width / 2 for p in range(len(points))], points, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("final validation loss (dotted: unigram)")
+    low = min(row["final_loss"] for row in payload["rows"])
+    ax.set_ylim(low - 0.5, max(row["unigram_loss"] for row in payload["rows"]) + 0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Where the old default stalls (peak lr 3e-3)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def map_markdown(payload: dict[str, Any]) -> str:
@@ -405,6 +435,7 @@ def map_markdown(payload: dict[str, Any]) -> str:
         ]
         unigram = next(iter(rows.values()))["unigram_loss"]
         lines.append(f"| {point} | {unigram:.3f} | " + " | ".join(cells) + " |")
+    lines += ["", "![map](results/stability_map.png)"]
     return "\n".join(lines) + "\n"
 
 

@@ -52,13 +52,7 @@ def plot_run(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "") 
     axes[0, 0].plot(steps, [row["final_shared"] for row in rows], "k--", label="final hidden")
     axes[0, 0].legend(fontsize=7, ncol=2)
     axes[0, 0].set_ylim(-0.02, 1.02)
-    fig.suptitle(title or "HiRes training diagnostics")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, title or "HiRes training diagnostics", path)
 
 
 def plot_probe(probe: dict[str, Any], path: str | Path, title: str = "") -> Path:
@@ -78,6 +72,10 @@ def plot_probe(probe: dict[str, Any], path: str | Path, title: str = "") -> Path
     for ax in axes[:2]:
         ax.set_xlabel("block")
     axes[2].set_xlabel("layer")
+    return _save(fig, title, path)
+
+
+def _save(fig: plt.Figure, title: str, path: str | Path) -> Path:
     fig.suptitle(title)
     fig.tight_layout()
     path = Path(path)

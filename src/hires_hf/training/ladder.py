@@ -373,7 +373,7 @@ def run_ladder(
         rungs = build_rungs(settings, tokens)
         moe_rung = make_rung(settings.moe_size, settings, tokens, moe=True) if settings.moe_size else None
         jobs = plan_jobs(rungs, settings, moe_rung)
-        scale, timings = plan_scale(rungs, jobs, settings, device, time.perf_counter() - started)
+        scale, timings = plan_scale(rungs, jobs, settings, device, time.perf_counter() - started, progress)
         records = _train_all(jobs, scale, timings, settings, data, device, out, progress, on_run)
     finally:
         torch.set_num_threads(before)
@@ -381,7 +381,12 @@ def run_ladder(
 
 
 def plan_scale(
-    rungs: Sequence[Rung], jobs: Sequence[Job], settings: LadderSettings, device: torch.device, spent: float
+    rungs: Sequence[Rung],
+    jobs: Sequence[Job],
+    settings: LadderSettings,
+    device: torch.device,
+    spent: float,
+    progress: bool = True,
 ) -> tuple[float, dict[tuple[str, str], float]]:
     """The budgets' scale and the seconds per step of every (size, arch) on `device`: fixed steps for a smoke
     run (no timings), otherwise timed steps of every model turned into the scale that fits the budget."""
@@ -390,7 +395,7 @@ def plan_scale(
     models = {(job.rung.name, job.arch): job.rung.config(job.arch) for job in jobs}
     timings = {
         key: time_train_step(config, settings.batch_size, settings.block_size, device)
-        for key, config in tqdm(models.items(), desc="timing steps", leave=False)
+        for key, config in tqdm(models.items(), desc="timing steps", leave=False, disable=not progress)
     }
     spent += sum(timings.values()) * 4  # each timing ran a warm-up step and three timed ones
     scale = time_scale(jobs, settings, timings, spent, CUDA_RESERVE if device.type == "cuda" else RESERVE)

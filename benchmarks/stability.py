@@ -16,7 +16,7 @@ the validation data (what a model that ignores its input reaches). Writes a tabl
 (issue "HiRes must train at real scale") and a PNG of validation loss against steps per learning rate.
 
     python benchmarks/stability.py                 # CPU: d=128, L=16, k=4 (4 blocks); ~15 minutes on 2 cores
-    python benchmarks/stability.py --preset gpu    # one GPU: d=512, L=16, 12M vanilla tokens a run; ~7 min on an H200
+    python benchmarks/stability.py --preset gpu    # one GPU: d=512, L=16, 12M vanilla tokens a run; ~8 min on an H200
     python benchmarks/stability.py --map           # where the old default stalls: width, blocks, batch, dtype
     python benchmarks/stability.py --ablation      # each part of the fix alone, up to lr 1.6e-2
     python benchmarks/stability.py --smoke         # seconds: tests
@@ -145,6 +145,7 @@ class StabilitySettings:
             max_chars=60_000_000,
             eval_blocks=64,
             diagnostics_every=20,
+            old_lrs=(1e-3, 2e-3),  # where the old default stalled at this shape; keeps the grid under 8 minutes
         )
 
     @classmethod

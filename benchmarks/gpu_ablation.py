@@ -9,7 +9,7 @@ cross-entropies agree to every digit), before the last part of the fix existed:
 The shipped default adds `write_multiplier` (0.25 at d=512) on top; it has not run on a GPU yet:
 `scripts/gpu_session.sh` runs it. This script merges the leases' JSON files into one table and figure.
 
-    python benchmarks/gpu_ablation.py   # writes benchmarks/results/stability_gpu.{md,png}
+    python benchmarks/gpu_ablation.py   # writes benchmarks/results/stability_gpu_ablation.{md,png}
 """
 
 from __future__ import annotations
@@ -46,16 +46,16 @@ def merged() -> dict:
         "title": "HiRes at d=512 on one H200: each part of the fix, over a learning-rate grid",
         "command": "scripts/gpu_session.sh (two leases; benchmarks/results/stability_gpu/*.json)",
         "minutes": sum(p["minutes"] for p in payloads.values()),
-        "figure": "stability_gpu.png",
+        "figure": "stability_gpu_ablation.png",
         "runs": runs,
     }
 
 
 def main() -> int:
     payload = merged()
-    plot(payload, RESULTS / "stability_gpu.png")
+    plot(payload, RESULTS / "stability_gpu_ablation.png")
     text = markdown(payload, checked="+ write norm")
-    write_text_atomic(RESULTS / "stability_gpu.md", text)
+    write_text_atomic(RESULTS / "stability_gpu_ablation.md", text)
     print(text)
     return 0
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sysconfig
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,17 +68,10 @@ def load_default_corpus(validation_fraction: float = 0.05, max_chars: int | None
     """
     root = stdlib_root()
     sources = {name: path for name, path in stdlib_sources(root).items() if not is_held_out(name)}
-    names = sorted(sources, key=_name_order)  # read lazily, in a fixed mixed order
-    if not names:
+    if not sources:
         raise HiResUserError(f"No Python sources found under {root}; pass --data FILE instead of the default corpus.")
-
-    def named() -> Iterable[tuple[str, str]]:
-        for name in names:
-            text = read_utf8(sources[name])
-            if text and text.strip():
-                yield name, text
-
-    return _ensure_both(_split(named(), validation_fraction, max_chars), f"the standard library at {root}")
+    named = _read_in_mixed_order(sources)
+    return _ensure_both(_split(named, validation_fraction, max_chars), f"the standard library at {root}")
 
 
 def load_python_sources(validation_fraction: float = 0.01, max_chars: int | None = None) -> Corpus:
@@ -90,15 +83,16 @@ def load_python_sources(validation_fraction: float = 0.01, max_chars: int | None
     for root in _site_roots():
         for path in root.rglob("*.py"):
             sources.setdefault(f"site:{path.relative_to(root).as_posix()}", path)
-    names = sorted(sources, key=_name_order)
+    named = _read_in_mixed_order(sources)
+    return _ensure_both(_split(named, validation_fraction, max_chars), "this interpreter's Python sources")
 
-    def named() -> Iterable[tuple[str, str]]:
-        for name in names:
-            text = read_utf8(sources[name])
-            if text and text.strip():
-                yield name, text
 
-    return _ensure_both(_split(named(), validation_fraction, max_chars), "this interpreter's Python sources")
+def _read_in_mixed_order(sources: dict[str, Path]) -> Iterator[tuple[str, str]]:
+    """(name, text) of every readable, non-empty file, read lazily in a fixed order mixing all modules."""
+    for name in sorted(sources, key=_name_order):
+        text = read_utf8(sources[name])
+        if text and text.strip():
+            yield name, text
 
 
 def _site_roots() -> list[Path]:

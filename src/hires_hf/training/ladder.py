@@ -492,7 +492,7 @@ def train_one(
         "arch": arch,
         "params": params,
         "flops": result.steps * tokens_per_step * flops_per_token,
-        "loss": result.final_loss if not result.diverged else float("inf"),
+        "loss": result.final_loss,
         "size": rung.name,
         "seed": job.seed,
         "role": job.role,
@@ -538,13 +538,6 @@ def failed_record(job: Job, learning_rate: float, error: Exception) -> dict[str,
     }
 
 
-def fitted_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records a scaling fit uses: the ladder runs, plus each architecture's winning sweep run (seed 0 of the
-    smallest rung); sweep losers, rule checks and the MoE point stay out."""
-    best = best_rates(records)
-    return [record for record in records if _is_fitted(record, best)]
-
-
 def _is_fitted(record: dict[str, Any], best: dict[str, float]) -> bool:
     if "error" in record:
         return False
@@ -554,7 +547,8 @@ def _is_fitted(record: dict[str, Any], best: dict[str, float]) -> bool:
 
 def write_runs(path: Path, records: Sequence[dict[str, Any]]) -> None:
     """The RUNS file, one record a line, through a temporary file (a reader never sees half of it); `fit` marks
-    the records a scaling fit uses (see `fitted_records`)."""
+    the records a scaling fit uses: the ladder runs and each architecture's winning sweep run, not the sweep's
+    losers, the rule check, the MoE point or a failed run."""
     best = best_rates(records)
     write_text_atomic(path, "".join(json.dumps({**r, "fit": _is_fitted(r, best)}) + "\n" for r in records))
 
@@ -571,7 +565,6 @@ __all__ = [
     "best_rates",
     "budgets",
     "build_rungs",
-    "fitted_records",
     "make_rung",
     "parse_size",
     "plan_jobs",

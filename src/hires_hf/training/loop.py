@@ -57,7 +57,8 @@ class LoopResult:
 
     @property
     def final_loss(self) -> float:
-        return self.curve[-1][1]
+        """The last validation loss; infinite for a run that diverged (so it never wins a comparison)."""
+        return float("inf") if self.diverged else self.curve[-1][1]
 
     @property
     def tokens_per_second(self) -> float:
@@ -65,7 +66,7 @@ class LoopResult:
 
 
 def pick_device(name: str = "auto") -> torch.device:
-    """ "auto" is CUDA when there is one, else the CPU; anything else is passed to torch.device."""
+    """The training device: with "auto", CUDA when there is one, else the CPU; any other name as torch reads it."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)

@@ -16,12 +16,14 @@ the validation data (what a model that ignores its input reaches). Writes a tabl
 (issue "HiRes must train at real scale") and a PNG of validation loss against steps per learning rate.
 
     python benchmarks/stability.py                 # CPU: d=128, L=16, k=4 (4 blocks); ~15 minutes on 2 cores
+    python benchmarks/stability.py --preset issue  # the issue's CPU shape: d=192, 32 x 128 batches; ~70 min
+    python benchmarks/stability.py --seed 1        # the CPU grid again with other weights and batches
     python benchmarks/stability.py --preset gpu    # one GPU: d=512, L=16, 12M vanilla tokens a run; ~8 min on an H200
     python benchmarks/stability.py --map           # where the old default stalls: width, blocks, batch, dtype
     python benchmarks/stability.py --ablation      # each part of the fix alone, up to lr 1.6e-2
     python benchmarks/stability.py --smoke         # seconds: tests
 
-Writes benchmarks/results/stability[_gpu|_map].{md,json,png} (or under --out-dir).
+Writes benchmarks/results/stability[_issue|_gpu|_map][_seedN].{md,json,png} (or under --out-dir).
 """
 
 from __future__ import annotations
@@ -145,6 +147,18 @@ class StabilitySettings:
             eval_blocks=64,
             diagnostics_every=20,
             old_lrs=(1e-3, 2e-3),  # where the old default stalled at this shape; keeps the grid under 8 minutes
+        )
+
+    @classmethod
+    def issue(cls) -> StabilitySettings:
+        """The issue's CPU reproduction: d=192, L=16, 3 heads x 64, vocab 4096, batches of 32 x 128, 0.6M vanilla
+        tokens a run (146 steps), Python sources; the old default only at 3e-3, where the issue saw it stall."""
+        return cls(
+            shape=Shape(hidden_size=192),
+            batch_size=32,
+            vanilla_steps=146,
+            corpus="python",
+            old_lrs=(3e-3,),
         )
 
     @classmethod
@@ -493,7 +507,7 @@ def run(settings: StabilitySettings, out_dir: Path, name: str, title: str, comma
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--preset", choices=("cpu", "issue", "gpu"), default="cpu")
     parser.add_argument("--smoke", action="store_true", help="seconds-long run (tests)")
     parser.add_argument("--map", action="store_true", help="where the old default stalls (see module docstring)")
     parser.add_argument("--lrs", type=float, nargs="+", help="peak learning rates (default: the preset's grid)")
@@ -501,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--archs", nargs="+", choices=VARIANTS, help=f"architectures (default: {' '.join(ARCHS)})")
     parser.add_argument("--ablation", action="store_true", help="each part of the fix alone (ABLATION_CELLS)")
     parser.add_argument("--old-lrs", type=float, nargs="+", help="run hires-old-default at these rates only")
+    parser.add_argument("--seed", type=int, default=0, help="initialisation and batch order (default 0)")
     parser.add_argument("--name", help="file name of the outputs (default: stability or stability_gpu)")
     parser.add_argument("--render", type=Path, help="rewrite the table and figure of a finished (or cut-off) JSON")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
@@ -516,11 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.map:
         print(map_markdown(run_map(args.out_dir, command.strip())))
         return 0
-    settings = (
-        StabilitySettings.smoke()
-        if args.smoke
-        else (StabilitySettings.gpu() if args.preset == "gpu" else StabilitySettings())
-    )
+    presets = {"cpu": StabilitySettings, "issue": StabilitySettings.issue, "gpu": StabilitySettings.gpu}
+    settings = replace(StabilitySettings.smoke() if args.smoke else presets[args.preset](), seed=args.seed)
     if args.lrs:
         settings = replace(settings, learning_rates=tuple(args.lrs))
     if args.vanilla_steps:
@@ -529,8 +541,10 @@ def main(argv: list[str] | None = None) -> int:
         settings = replace(settings, archs=tuple(args.archs))
     if args.old_lrs:
         settings = replace(settings, old_lrs=tuple(args.old_lrs))
-    name = args.name or ("stability_gpu" if args.preset == "gpu" else "stability")
-    title = f"HiRes vs its twin over a learning-rate grid ({args.preset.upper()} shape)"
+    name = args.name or ("stability" if args.preset == "cpu" else f"stability_{args.preset}")
+    name += f"_seed{args.seed}" if args.seed and not args.name else ""
+    shape_name = {"cpu": "CPU shape", "issue": "the issue's CPU shape", "gpu": "GPU shape"}[args.preset]
+    title = f"HiRes vs its twin over a learning-rate grid ({shape_name}, seed {args.seed})"
     if args.ablation:
         settings = replace(settings, cells=ABLATION_CELLS)
         name, title = args.name or "stability_ablation", "Each part of the fix alone (CPU shape)"

@@ -155,3 +155,9 @@ def test_stability_smoke_writes_table_json_and_figure(tmp_path):
     assert all(r["diagnostics"] and r["diagnostics"][0]["units"] for r in payload["runs"])
     assert "| peak lr | vanilla | hires | hires-old-default |" in (tmp_path / "stability.md").read_text()
     assert (tmp_path / "stability.png").stat().st_size > 10_000
+    # Another seed is another run (weights and batch order), written next to the first rather than over it.
+    assert stability(["--smoke", "--seed", "1", "--archs", "hires", "--lrs", "1e-3", "--out-dir", str(tmp_path)]) == 0
+    reseeded = json.loads((tmp_path / "stability_seed1.json").read_text())["runs"]
+    first = next(r for r in payload["runs"] if (r["arch"], r["lr"]) == ("hires", 1e-3))
+    assert [(r["arch"], r["lr"]) for r in reseeded] == [("hires", 1e-3)]
+    assert reseeded[0]["final_loss"] != pytest.approx(first["final_loss"], abs=1e-6)

@@ -18,12 +18,13 @@ the validation data (what a model that ignores its input reaches). Writes a tabl
     python benchmarks/stability.py                 # CPU: d=128, L=16, k=4 (4 blocks); ~15 minutes on 2 cores
     python benchmarks/stability.py --preset issue  # the issue's CPU shape: d=192, 32 x 128 batches; ~70 min
     python benchmarks/stability.py --seed 1        # the CPU grid again with other weights and batches
+    python benchmarks/stability.py --width 64      # the CPU grid at another width (write multiplier 128/d)
     python benchmarks/stability.py --preset gpu    # one GPU: d=512, L=16, 12M vanilla tokens a run; ~8 min on an H200
     python benchmarks/stability.py --map           # where the old default stalls: width, blocks, batch, dtype
     python benchmarks/stability.py --ablation      # each part of the fix alone, up to lr 1.6e-2
     python benchmarks/stability.py --smoke         # seconds: tests
 
-Writes benchmarks/results/stability[_issue|_gpu|_map][_seedN].{md,json,png} (or under --out-dir).
+Writes benchmarks/results/stability[_issue|_gpu|_map][_dD][_seedN].{md,json,png} (or under --out-dir).
 """
 
 from __future__ import annotations
@@ -515,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--archs", nargs="+", choices=VARIANTS, help=f"architectures (default: {' '.join(ARCHS)})")
     parser.add_argument("--ablation", action="store_true", help="each part of the fix alone (ABLATION_CELLS)")
     parser.add_argument("--old-lrs", type=float, nargs="+", help="run hires-old-default at these rates only")
+    parser.add_argument("--width", type=int, help="hidden size d of the preset's shape (D = 2d, heads of 64)")
     parser.add_argument("--seed", type=int, default=0, help="initialisation and batch order (default 0)")
     parser.add_argument("--name", help="file name of the outputs (default: stability or stability_gpu)")
     parser.add_argument("--render", type=Path, help="rewrite the table and figure of a finished (or cut-off) JSON")
@@ -533,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     presets = {"cpu": StabilitySettings, "issue": StabilitySettings.issue, "gpu": StabilitySettings.gpu}
     settings = replace(StabilitySettings.smoke() if args.smoke else presets[args.preset](), seed=args.seed)
+    if args.width:
+        settings = replace(settings, shape=replace(settings.shape, hidden_size=args.width))
     if args.lrs:
         settings = replace(settings, learning_rates=tuple(args.lrs))
     if args.vanilla_steps:
@@ -542,8 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.old_lrs:
         settings = replace(settings, old_lrs=tuple(args.old_lrs))
     name = args.name or ("stability" if args.preset == "cpu" else f"stability_{args.preset}")
-    name += f"_seed{args.seed}" if args.seed and not args.name else ""
+    name += "" if args.name else f"_d{args.width}" * bool(args.width) + f"_seed{args.seed}" * bool(args.seed)
     shape_name = {"cpu": "CPU shape", "issue": "the issue's CPU shape", "gpu": "GPU shape"}[args.preset]
+    shape_name += f" at d={args.width}" if args.width else ""
     title = f"HiRes vs its twin over a learning-rate grid ({shape_name}, seed {args.seed})"
     if args.ablation:
         settings = replace(settings, cells=ABLATION_CELLS)

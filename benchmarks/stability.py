@@ -9,7 +9,8 @@ parameter, as a user's `AdamW(model.parameters())` would). Three architectures:
 - `hires`: HiRes with the package's defaults;
 - `hires-old-default`: HiRes as it shipped before the fix (`embedding_multiplier=1.0`, `write_norm=False`,
   `write_multiplier=1.0`: tokens enter the wide stream ~50x below the RMS the outer norms hold it at, the write
-  reads the raw inner stream, and its Adam steps grow with the width); `--ablation` adds the fix's parts alone.
+  reads the raw inner stream, and its Adam steps grow with the width); `--ablation` adds the fix's parts alone,
+  and `vanilla-scaled-embedding` is a control: the twin with HiRes's embedding scale (is the lead only that?).
 
 A run is "on the plateau" when its final validation loss is within 0.2 nats of the unigram cross-entropy of
 the validation data (what a model that ignores its input reaches). Writes a table, the acceptance checks
@@ -19,6 +20,7 @@ the validation data (what a model that ignores its input reaches). Writes a tabl
     python benchmarks/stability.py --preset issue  # the issue's CPU shape: d=192, 32 x 128 batches; ~70 min
     python benchmarks/stability.py --seed 1        # the CPU grid again with other weights and batches
     python benchmarks/stability.py --width 64      # the CPU grid at another width (write multiplier 128/d)
+    python benchmarks/stability.py --extend --lrs 8e-3   # add cells to a grid already written (same options)
     python benchmarks/stability.py --preset gpu    # one GPU: d=512, L=16, 12M vanilla tokens a run; ~8 min on an H200
     python benchmarks/stability.py --map           # where the old default stalls: width, blocks, batch, dtype
     python benchmarks/stability.py --ablation      # each part of the fix alone, up to lr 1.6e-2
@@ -67,7 +69,11 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "hires-embedding-fix-only": {"write_norm": False, "write_multiplier": 1.0},
     "hires-no-write-multiplier": {"write_multiplier": 1.0},
     "hires-write-multiplier-1/4": {"write_multiplier": 0.25},
+    "vanilla-scaled-embedding": None,  # a control: the twin with its embedding output x 1/initializer_range
 }
+# Twins whose token embedding output is multiplied by 1/initializer_range in the forward, as HiRes's default
+# does: is HiRes's lead the architecture, or only the embedding scale the twin could adopt too?
+SCALED_EMBEDDING_TWINS = ("vanilla-scaled-embedding",)
 ARCHS = ("vanilla", "hires", "hires-old-default")
 # The ablation at the CPU shape (d=128, where the default write multiplier is 1): the embedding fix alone at the
 # grid's rate and at 1e-2 (where the write norm is needed), and at 1.6e-2 the write multiplier of d=512
@@ -223,6 +229,9 @@ def run_one(arch: str, lr: float, settings: StabilitySettings, data: Data, devic
     steps = max(1, int(settings.vanilla_steps * twin_flops / flops))
     torch.manual_seed(settings.seed)
     model = AutoModelForCausalLM.from_config(config).to(device)
+    if arch in SCALED_EMBEDDING_TWINS:
+        scale = 1 / config.initializer_range
+        model.get_input_embeddings().register_forward_hook(lambda module, inputs, output: output * scale)
     loop = LoopSettings(
         steps=steps,
         batch_size=settings.batch_size,
@@ -471,13 +480,45 @@ def diagnostics_figures(payload: dict[str, Any], out_dir: Path, name: str) -> li
 
 
 # ---------------------------------------------------------------------------------------------------- main
-def run(settings: StabilitySettings, out_dir: Path, name: str, title: str, command: str) -> dict[str, Any]:
-    """Every (learning rate, architecture) run; the JSON is rewritten after each, so a cut-off run keeps its rows."""
+def grid_jobs(settings: StabilitySettings) -> list[tuple[float, str]]:
+    if settings.cells:
+        return list(settings.cells)
+    return [
+        (lr, arch)
+        for lr in settings.learning_rates
+        for arch in settings.archs
+        if arch != "hires-old-default" or settings.old_lrs is None or lr in settings.old_lrs
+    ]
+
+
+# Settings that may differ between a grid and its extension (which cells run), not what a run is.
+GRID_FIELDS = ("learning_rates", "archs", "old_lrs", "cells")
+
+
+def extended(path: Path, settings: StabilitySettings) -> dict[str, Any]:
+    """The finished payload at `path`, checked to be the same experiment as `settings`, to add cells to."""
+    if not path.is_file():
+        raise SystemExit(f"error: --extend found no grid at {path}; run it once without --extend")
+    payload = json.loads(path.read_text())
+    new = {k: v for k, v in json.loads(json.dumps(asdict(settings))).items() if k not in GRID_FIELDS}
+    old = {k: v for k, v in payload["settings"].items() if k not in GRID_FIELDS}
+    differ = sorted(k for k in new.keys() | old.keys() if new.get(k) != old.get(k))
+    if differ:
+        raise SystemExit(f"error: --extend: {path.name} differs in {', '.join(differ)}; pass the same preset options")
+    return payload
+
+
+def run(
+    settings: StabilitySettings, out_dir: Path, name: str, title: str, command: str, extend: bool = False
+) -> dict[str, Any]:
+    """Every (learning rate, architecture) run; the JSON is rewritten after each, so a cut-off run keeps its rows.
+    With `extend`, the grid already at `name` keeps its runs and only its missing cells run."""
     started = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    previous = extended(out_dir / f"{name}.json", settings) if extend else None
     device = pick_device(settings.device)
     data = prepare(settings)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    payload: dict[str, Any] = {
+    payload: dict[str, Any] = previous or {
         "title": title,
         "command": command,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
@@ -486,19 +527,18 @@ def run(settings: StabilitySettings, out_dir: Path, name: str, title: str, comma
         "figure": f"{name}.png",
         "runs": [],
     }
-    jobs = (
-        list(settings.cells)
-        if settings.cells
-        else [
-            (lr, arch)
-            for lr in settings.learning_rates
-            for arch in settings.archs
-            if arch != "hires-old-default" or settings.old_lrs is None or lr in settings.old_lrs
-        ]
-    )
+    if previous:
+        payload["command"] = f"{previous['command']}; {command}"
+        done = {(run["lr"], run["arch"]) for run in previous["runs"]}
+        jobs = [job for job in grid_jobs(settings) if job not in done]
+        spent = previous.get("minutes", 0.0)
+        rates = {*payload["settings"]["learning_rates"], *settings.learning_rates}
+        payload["settings"]["learning_rates"] = sorted(rates)
+    else:
+        jobs, spent = grid_jobs(settings), 0.0
     for lr, arch in tqdm(jobs, desc="stability", unit="run"):
         payload["runs"].append(run_one(arch, lr, settings, data, device))
-        payload["minutes"] = (time.perf_counter() - started) / 60
+        payload["minutes"] = spent + (time.perf_counter() - started) / 60
         write_json_atomic(out_dir / f"{name}.json", payload)
     plot(payload, out_dir / f"{name}.png")
     diagnostics_figures(payload, out_dir, name)
@@ -517,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ablation", action="store_true", help="each part of the fix alone (ABLATION_CELLS)")
     parser.add_argument("--old-lrs", type=float, nargs="+", help="run hires-old-default at these rates only")
     parser.add_argument("--width", type=int, help="hidden size d of the preset's shape (D = 2d, heads of 64)")
+    parser.add_argument("--extend", action="store_true", help="add the missing cells to the grid already written")
     parser.add_argument("--seed", type=int, default=0, help="initialisation and batch order (default 0)")
     parser.add_argument("--name", help="file name of the outputs (default: stability or stability_gpu)")
     parser.add_argument("--render", type=Path, help="rewrite the table and figure of a finished (or cut-off) JSON")
@@ -553,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ablation:
         settings = replace(settings, cells=ABLATION_CELLS)
         name, title = args.name or "stability_ablation", "Each part of the fix alone (CPU shape)"
-    payload = run(settings, args.out_dir, name, title, command.strip())
+    payload = run(settings, args.out_dir, name, title, command.strip(), extend=args.extend)
     print(markdown(payload))
     return 0
 

@@ -202,3 +202,18 @@ def test_stability_over_seeds_averages_the_cells_every_seed_ran(tmp_path):
     assert (tmp_path / "stability_seeds.png").stat().st_size > 10_000
     with pytest.raises(SystemExit, match="no grid at"):
         over_seeds([str(tmp_path / "absent.json")])
+
+
+@pytest.mark.slow
+def test_stability_extend_runs_only_the_missing_cells_of_the_same_experiment(tmp_path):
+    from benchmarks.stability import main as stability
+
+    out = ["--smoke", "--archs", "vanilla", "--out-dir", str(tmp_path)]
+    assert stability([*out, "--lrs", "1e-3"]) == 0
+    first = json.loads((tmp_path / "stability.json").read_text())["runs"]
+    assert stability([*out, "--extend", "--lrs", "1e-3", "3e-3"]) == 0
+    runs = json.loads((tmp_path / "stability.json").read_text())["runs"]
+    assert [(r["arch"], r["lr"]) for r in runs] == [("vanilla", 1e-3), ("vanilla", 3e-3)]
+    assert runs[0] == first[0]  # kept, not re-run
+    with pytest.raises(SystemExit, match="differs in vanilla_steps"):
+        stability([*out, "--extend", "--lrs", "5e-3", "--vanilla-steps", "3"])

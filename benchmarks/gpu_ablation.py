@@ -9,7 +9,7 @@ cross-entropies agree to every digit), before the last part of the fix existed:
 The shipped default adds `write_multiplier` (0.25 at d=512) on top; it has not run on a GPU yet:
 `scripts/gpu_session.sh` runs it. This script merges the leases' JSON files into one table and figure.
 
-    python benchmarks/gpu_ablation.py   # writes benchmarks/results/stability_gpu_ablation.{md,png}
+    python -m benchmarks.gpu_ablation   # writes benchmarks/results/stability_gpu_ablation.{md,png}
 """
 
 from __future__ import annotations

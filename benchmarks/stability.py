@@ -17,7 +17,7 @@ the validation data (what a model that ignores its input reaches). Writes a tabl
 (issue "HiRes must train at real scale") and a PNG of validation loss against steps per learning rate.
 
     python benchmarks/stability.py                 # CPU: d=128, L=16, k=4 (4 blocks); ~15 minutes on 2 cores
-    python benchmarks/stability.py --preset issue  # the issue's CPU shape: d=192, 32 x 128 batches; ~70 min
+    python benchmarks/stability.py --preset issue  # the issue's CPU shape: d=192, 32 x 128 batches; ~50 min
     python benchmarks/stability.py --seed 1        # the CPU grid again with other weights and batches
     python benchmarks/stability.py --width 64      # the CPU grid at another width (write multiplier 128/d)
     python benchmarks/stability.py --extend --lrs 8e-3   # add cells to a grid already written (same options)

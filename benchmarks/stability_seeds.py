@@ -5,7 +5,7 @@ puts each (architecture, learning rate)'s final losses side by side with their m
 issue's three checks to the means, counting a rate as "on the plateau" when any seed is. Writes a table and a
 PNG of final loss against learning rate (one line per architecture through the means, a dot per seed).
 
-    python benchmarks/stability_seeds.py   # stability.json + stability_seed1.json -> stability_seeds.{md,png}
+    python -m benchmarks.stability_seeds   # stability.json + stability_seed1.json -> stability_seeds.{md,png}
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def markdown(payloads: list[dict[str, Any]], paths: list[Path], figure: str) -> 
     lines = [
         "## Stability over seeds",
         "",
-        f"`python benchmarks/stability_seeds.py {' '.join(p.name for p in paths)}`: seeds {seeds}, "
+        f"`python -m benchmarks.stability_seeds {' '.join(p.name for p in paths)}`: seeds {seeds}, "
         f"d={shape['hidden_size']}, "
         f"L={shape['num_hidden_layers']}, {payloads[0]['settings']['vanilla_steps']} vanilla steps, matched counted "
         f"FLOPs; unigram loss {payloads[0]['unigram_loss']:.3f}. Each cell: the seeds' final validation losses, "

@@ -266,16 +266,19 @@ def _slim(row: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- checks
-def acceptance(runs: list[dict[str, Any]], arch: str = "hires") -> list[tuple[str, bool, str]]:
-    """The issue's three checks of `arch` against the twin, each with its verdict and the numbers behind it."""
-    runs = [{**r, "arch": "hires"} if r["arch"] == arch else r for r in runs if r["arch"] in (arch, "vanilla")]
+def acceptance(runs: list[dict[str, Any]], arch: str = "hires", twin: str = "vanilla") -> list[tuple[str, bool, str]]:
+    """The issue's three checks of `arch` against `twin`, each with its verdict and the numbers behind it (the
+    twin's best rate among those both ran)."""
+    renamed = {arch: "hires", twin: "vanilla"}
+    runs = [{**r, "arch": renamed[r["arch"]]} for r in runs if r["arch"] in renamed]
     loss = {(r["arch"], r["lr"]): r["final_loss"] for r in runs}
     plateau = {(r["arch"], r["lr"]): r["plateau"] for r in runs}
-    rates = sorted({r["lr"] for r in runs})
-    learns = [lr for lr in rates if not plateau.get(("vanilla", lr), True)]
+    twin_rates = sorted(r["lr"] for r in runs if r["arch"] == "vanilla")
+    learns = [lr for lr in twin_rates if not plateau[("vanilla", lr)]]
     stuck = [lr for lr in learns if plateau.get(("hires", lr), True)]
+    rates = [lr for lr in twin_rates if ("hires", lr) in loss]
     best_v = min(rates, key=lambda lr: loss[("vanilla", lr)])
-    best_h = min(rates, key=lambda lr: loss[("hires", lr)])
+    best_h = min((lr for a, lr in loss if a == "hires"), key=lambda lr: loss[("hires", lr)])
     gap = loss[("hires", best_v)] - loss[("vanilla", best_v)]
     return [
         (
@@ -333,6 +336,11 @@ def markdown(payload: dict[str, Any], checked: str = "hires") -> str:
         lines += ["", f"Checks of `{checked}` against the twin:", "", "| check | verdict | numbers |", "|---|---|---|"]
         for name, ok, numbers in acceptance(runs, checked):
             lines.append(f"| {name} | {'pass' if ok else 'FAIL'} | {numbers} |")
+    for control in (a for a in SCALED_EMBEDDING_TWINS if a in archs and checked in archs):
+        lines += ["", f"The same checks against the control `{control}` (the twin with HiRes's embedding scale):", ""]
+        lines += ["| check | verdict | numbers |", "|---|---|---|"]
+        for name, ok, numbers in acceptance(runs, checked, twin=control):
+            lines.append(f"| {name.replace('the twin', 'the control')} | {'pass' if ok else 'FAIL'} | {numbers} |")
     lines += ["", f"![validation loss against steps](results/{payload['figure']})", ""]  # from RESULTS.md
     return "\n".join(lines)
 

@@ -139,6 +139,11 @@ def test_stability_checks_pass_only_when_hires_learns_wherever_its_twin_does():
     verdicts = acceptance(stuck)
     assert [ok for _, ok, _ in verdicts] == [False, False, False]
     assert "HiRes on the plateau at 0.003" in verdicts[0][2]
+    # Against a control run at one rate only: judged where both ran, HiRes's best taken over its whole grid.
+    control = [*good, _run("vanilla-scaled-embedding", 3e-3, 4.6)]
+    verdicts = acceptance(control, twin="vanilla-scaled-embedding")
+    assert [ok for _, ok, _ in verdicts] == [True, False, False]
+    assert "HiRes 4.700 at 0.003 vs twin 4.600 at 0.003" in verdicts[2][2]
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ from hires_hf.training import (
 )
 from hires_hf.training.loop import LoopSettings, pick_device, train_loop
 from hires_hf.training.trainer import train_flops_per_token
-from hires_hf.twins import vanilla_config
+from hires_hf.twins import scale_twin_embedding, vanilla_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # HiRes variants by the config fields that differ from the defaults (None: the vanilla twin).
@@ -230,8 +230,7 @@ def run_one(arch: str, lr: float, settings: StabilitySettings, data: Data, devic
     torch.manual_seed(settings.seed)
     model = AutoModelForCausalLM.from_config(config).to(device)
     if arch in SCALED_EMBEDDING_TWINS:
-        scale = 1 / config.initializer_range
-        model.get_input_embeddings().register_forward_hook(lambda module, inputs, output: output * scale)
+        scale_twin_embedding(model, 1 / config.initializer_range)
     loop = LoopSettings(
         steps=steps,
         batch_size=settings.batch_size,

@@ -91,6 +91,28 @@ def test_each_architecture_trains_at_its_own_learning_rate(tmp_path):
     assert rates == {("hires", 1e-3), ("vanilla", 3e-3)}
 
 
+@pytest.mark.slow
+def test_scaled_twin_control_changes_only_the_twin(smoke_runs, tmp_path):
+    import json
+
+    out = tmp_path / "runs.jsonl"
+    assert hires_hf(["ladder", "--smoke", "--seeds", "2", "--quiet", "--scaled-twin", "--out", str(out)]) == 0
+
+    def by_run(path: Path) -> dict:
+        return {(r["arch"], r["size"], r["seed"]): r for r in map(json.loads, path.read_text().splitlines())}
+
+    plain, scaled = by_run(smoke_runs), by_run(out)
+    assert plain.keys() == scaled.keys()
+    for key, run in scaled.items():
+        if key[0] == "hires":  # HiRes runs are the same runs: same seed, batches and loss
+            assert (
+                run["loss"] == pytest.approx(plain[key]["loss"], rel=1e-6) and run["twin_embedding_multiplier"] is None
+            )
+        else:  # the twin's embeddings enter 1/initializer_range = 50x larger, and it trains differently
+            assert run["twin_embedding_multiplier"] == pytest.approx(50.0)
+            assert run["loss"] != pytest.approx(plain[key]["loss"], abs=1e-4)
+
+
 def test_timed_budget_fits_the_wall_clock():
     """The planned runs' predicted seconds add up to the budget left after the reserve and overheads."""
     from hires_hf.training import ladder

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import nn
+from torch.utils.hooks import RemovableHandle
 from transformers import LlamaConfig, OlmoeConfig, PreTrainedConfig, Qwen2Config, Qwen3Config
 
 from .configuration_hires import HiResConfig
@@ -82,4 +84,12 @@ def _require_twin(ok: bool, config: HiResConfig, family: str) -> None:
         )
 
 
-__all__ = ["num_experts", "vanilla_config"]
+def scale_twin_embedding(model: nn.Module, multiplier: float) -> RemovableHandle:
+    """Multiply a twin's token embeddings by `multiplier` in its forward, as HiRes's `embedding_multiplier` does.
+
+    A control for training comparisons, not part of the twin: it asks how much of HiRes's lead over a plain
+    transformers twin is only the embedding scale, which the twin could adopt too. Not saved with the model."""
+    return model.get_input_embeddings().register_forward_hook(lambda module, inputs, output: output * multiplier)
+
+
+__all__ = ["num_experts", "scale_twin_embedding", "vanilla_config"]

@@ -43,7 +43,7 @@ from transformers import AutoModelForCausalLM, PreTrainedConfig
 from ..configuration_hires import PRESETS, HiResConfig
 from ..errors import HiResUserError
 from ..io import write_text_atomic
-from ..twins import vanilla_config
+from ..twins import scale_twin_embedding, vanilla_config
 from .data import PackedDataset, load_default_corpus, load_python_sources, pack
 from .loop import LoopSettings, pick_device, time_train_step, train_loop
 from .tokenizer import build_tokenizer, encode_documents, special_token_ids
@@ -78,6 +78,7 @@ class LadderSettings:
     batch_size: int = 4
     learning_rate: float = 2e-3
     hires_learning_rate: float | None = None  # None: HiRes trains at `learning_rate` too
+    scaled_twin: bool = False  # the twin's embeddings x 1/initializer_range, as HiRes's (a control; twins.py)
     lr_sweep: tuple[float, ...] = ()  # peak rates swept at the smallest rung; the width rule carries the best up
     seeded_rungs: int | None = None  # only the smallest this many rungs get every seed (None: all rungs)
     moe_size: str | None = None  # "DxL" of one MoE point (HiRes-MoE and its OLMoE twin), or None
@@ -473,6 +474,9 @@ def train_one(
     steps = steps_for(budget, flops_per_token, settings)
     torch.manual_seed(job.seed)
     model = AutoModelForCausalLM.from_config(rung.config(arch)).to(device)
+    twin_multiplier = 1 / rung.hires.initializer_range if settings.scaled_twin and arch == "vanilla" else None
+    if twin_multiplier:
+        scale_twin_embedding(model, twin_multiplier)
     params = sum(p.numel() for p in model.parameters())
     loop = LoopSettings(
         steps=steps,
@@ -502,6 +506,7 @@ def train_one(
         "layers_per_block": config.layers_per_block if arch == "hires" else None,
         "num_experts": config.num_experts,
         "model_type": rung.config(arch).model_type,
+        "twin_embedding_multiplier": twin_multiplier,
         "budget_flops": budget,
         "flops_per_token": flops_per_token,
         "tokens": result.tokens,

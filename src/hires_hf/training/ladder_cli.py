@@ -26,6 +26,7 @@ def run_ladder_command(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         learning_rate=args.lr,
         hires_learning_rate=args.hires_lr,
+        scaled_twin=args.scaled_twin or None,
         lr_sweep=tuple(args.lr_sweep) if args.lr_sweep else None,
         moe_size=args.moe_size,
         corpus=args.corpus,
@@ -79,6 +80,11 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--hires-lr", type=float, help="HiRes's own peak learning rate (default: --lr for both)")
     train.add_argument(
         "--lr-sweep", type=float, nargs="+", metavar="LR", help="sweep these rates at the smallest size, per arch"
+    )
+    train.add_argument(
+        "--scaled-twin",
+        action="store_true",
+        help="a control: the twin's embeddings x 1/initializer_range, the scale HiRes's embedding enters at",
     )
     train.add_argument("--corpus", choices=("stdlib", "python"), help="stdlib, or the stdlib and site-packages")
     train.add_argument("--max-chars", type=int, help="characters of corpus to read")

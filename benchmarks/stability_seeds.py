@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 
 from hires_hf.io import write_text_atomic
 
-from .stability import RESULTS, VARIANTS, acceptance
+from .stability import RESULTS, SCALED_EMBEDDING_TWINS, VARIANTS, acceptance
 
 
 def load(paths: list[Path]) -> list[dict[str, Any]]:
@@ -94,6 +94,11 @@ def markdown(payloads: list[dict[str, Any]], paths: list[Path], figure: str) -> 
         return "\n".join([*lines[:-2], "(no check: the grids share no cell of both hires and vanilla)", ""])
     for name, ok, detail in acceptance(means):
         lines.append(f"| {name} | {'pass' if ok else 'FAIL'} | {detail} |")
+    for control in (a for a in SCALED_EMBEDDING_TWINS if a in {r["arch"] for r in means}):
+        lines += ["", f"The same checks on the means against the control `{control}`:", ""]
+        lines += ["| check | verdict | numbers |", "|---|---|---|"]
+        for name, ok, detail in acceptance(means, twin=control):
+            lines.append(f"| {name.replace('the twin', 'the control')} | {'pass' if ok else 'FAIL'} | {detail} |")
     return "\n".join([*lines, "", f"![final loss against learning rate over seeds](results/{figure})", ""])
 
 

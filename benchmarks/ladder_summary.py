@@ -38,7 +38,7 @@ def summary(runs_path: Path, title: str, command: str, trained_by: str | None = 
         "",
         f"HiRes: D = {hires['residual_size'] // hires['hidden_size']}d, k = {hires['layers_per_block']}; peak learning "
         "rate " + ", ".join(f"{arch} {'/'.join(f'{lr:g}' for lr in rates[arch])}" for arch in archs) + ". "
-        "At each size both architectures spend the same counted training FLOPs.",
+        "At each size both architectures spend the same counted training FLOPs." + _twin_line(records),
         "",
         "| size | counted FLOPs | " + " | ".join(f"{arch} loss (mean of seeds)" for arch in archs) + " |",
         "|---|---:|" + "---:|" * len(archs),
@@ -59,6 +59,15 @@ def summary(runs_path: Path, title: str, command: str, trained_by: str | None = 
     lines += _protocol_lines(everything)
     relative = os.path.relpath(Path(figure).resolve(), Path(__file__).resolve().parent)  # RESULTS.md's folder
     return "\n".join([*lines, "", f"![{Path(figure).name}]({Path(relative).as_posix()})", ""])
+
+
+def _twin_line(records: list[dict]) -> str:
+    """Which twin: the one transformers builds, or the control with HiRes's embedding scale (`--scaled-twin`)."""
+    multipliers = {r.get("twin_embedding_multiplier") for r in records if r["arch"] == "vanilla"}
+    if multipliers == {None}:
+        return ""
+    shown = "/".join(f"{m:g}" for m in sorted(m for m in multipliers if m))
+    return f" The twin is the control: its embeddings are multiplied by {shown} in the forward, as HiRes's are."
 
 
 def _protocol_lines(records: list[dict]) -> list[str]:

@@ -111,6 +111,10 @@ def test_scaled_twin_control_changes_only_the_twin(smoke_runs, tmp_path):
         else:  # the twin's embeddings enter 1/initializer_range = 50x larger, and it trains differently
             assert run["twin_embedding_multiplier"] == pytest.approx(50.0)
             assert run["loss"] != pytest.approx(plain[key]["loss"], abs=1e-4)
+    from benchmarks.ladder_summary import summary  # the RESULTS section says which twin it compares against
+
+    control = "The twin is the control: its embeddings are multiplied by 50"
+    assert control in summary(out, "scaled", "cmd") and control not in summary(smoke_runs, "plain", "cmd")
 
 
 def test_timed_budget_fits_the_wall_clock():

@@ -331,17 +331,23 @@ def markdown(payload: dict[str, Any], checked: str = "hires") -> str:
             run = loss.get((arch, lr))
             cells.append("" if run is None else f"{run['final_loss']:.3f}{'*' if run['plateau'] else ''}")
         lines.append(f"| {lr:g} | " + " | ".join(cells) + " |")
-    if all(a in archs for a in ("vanilla", checked)):
-        lines += ["", f"Checks of `{checked}` against the twin:", "", "| check | verdict | numbers |", "|---|---|---|"]
-        for name, ok, numbers in acceptance(runs, checked):
-            lines.append(f"| {name} | {'pass' if ok else 'FAIL'} | {numbers} |")
-    for control in (a for a in SCALED_EMBEDDING_TWINS if a in archs and checked in archs):
-        lines += ["", f"The same checks against the control `{control}` (the twin with HiRes's embedding scale):", ""]
-        lines += ["| check | verdict | numbers |", "|---|---|---|"]
-        for name, ok, numbers in acceptance(runs, checked, twin=control):
-            lines.append(f"| {name.replace('the twin', 'the control')} | {'pass' if ok else 'FAIL'} | {numbers} |")
+    lines += checks_lines(runs, checked)
     lines += ["", f"![validation loss against steps](results/{payload['figure']})", ""]  # from RESULTS.md
     return "\n".join(lines)
+
+
+def checks_lines(runs: list[dict[str, Any]], checked: str = "hires", on: str = "") -> list[str]:
+    """The checks of `checked` as markdown tables: against the twin, then against each control that ran."""
+    archs = {r["arch"] for r in runs}
+    lines: list[str] = []
+    for twin in (t for t in ("vanilla", *SCALED_EMBEDDING_TWINS) if {t, checked} <= archs):
+        against = "the twin" if twin == "vanilla" else f"the control `{twin}` (the twin with HiRes's embedding scale)"
+        lines += ["", f"Checks of `{checked}` against {against}{on}:", ""]
+        lines += ["| check | verdict | numbers |", "|---|---|---|"]
+        for name, ok, numbers in acceptance(runs, checked, twin=twin):
+            name = name if twin == "vanilla" else name.replace("the twin", "the control")
+            lines.append(f"| {name} | {'pass' if ok else 'FAIL'} | {numbers} |")
+    return lines
 
 
 def plot(payload: dict[str, Any], path: Path) -> Path:
@@ -354,7 +360,8 @@ def plot(payload: dict[str, Any], path: Path) -> Path:
     rates = sorted({r["lr"] for r in runs})
     fig, axes = plt.subplots(1, len(rates), figsize=(4.2 * len(rates), 3.8), sharey=True, squeeze=False)
     archs = list(dict.fromkeys(r["arch"] for r in runs))
-    colours = dict(zip(archs, ("tab:blue", "tab:red", "tab:gray", "tab:orange", "tab:green", "tab:purple")))
+    palette = ("tab:blue", "tab:red", "tab:gray", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink")
+    colours = dict(zip(archs, palette))  # one colour for each of the VARIANTS
     for ax, lr in zip(axes[0], rates):
         for run in (r for r in runs if r["lr"] == lr):
             steps, losses = zip(*run["curve"])

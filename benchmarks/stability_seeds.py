@@ -2,8 +2,9 @@
 
 Reads stability grids of the same shape run under different seeds (`python benchmarks/stability.py --seed N`),
 puts each (architecture, learning rate)'s final losses side by side with their mean and spread, and applies the
-issue's three checks to the means, counting a rate as "on the plateau" when any seed is. Writes a table and a
-PNG of final loss against learning rate (one line per architecture through the means, a dot per seed).
+issue's three checks to the means (`stability.checks_lines`), counting a rate as "on the plateau" when any seed
+is. Writes a table and a PNG of final loss against learning rate (one line per architecture through the means,
+a dot per seed).
 
     python -m benchmarks.stability_seeds   # stability.json + stability_seed1.json -> stability_seeds.{md,png}
 """
@@ -24,7 +25,7 @@ import matplotlib.pyplot as plt
 
 from hires_hf.io import write_text_atomic
 
-from .stability import RESULTS, SCALED_EMBEDDING_TWINS, VARIANTS, acceptance
+from .stability import RESULTS, VARIANTS, checks_lines
 
 
 def load(paths: list[Path]) -> list[dict[str, Any]]:
@@ -87,18 +88,7 @@ def markdown(payloads: list[dict[str, Any]], paths: list[Path], figure: str) -> 
             )
             row.append(" / ".join(losses) + spread if runs else "-")
         lines.append(f"| {lr:g} | " + " | ".join(row) + " |")
-    lines += ["", "Checks on the means (a rate is on the plateau if any seed is):", "", "| check | verdict | numbers |"]
-    lines.append("|---|---|---|")
-    means = mean_runs(cells, len(payloads))
-    if not {"hires", "vanilla"} <= {r["arch"] for r in means}:
-        return "\n".join([*lines[:-2], "(no check: the grids share no cell of both hires and vanilla)", ""])
-    for name, ok, detail in acceptance(means):
-        lines.append(f"| {name} | {'pass' if ok else 'FAIL'} | {detail} |")
-    for control in (a for a in SCALED_EMBEDDING_TWINS if a in {r["arch"] for r in means}):
-        lines += ["", f"The same checks on the means against the control `{control}`:", ""]
-        lines += ["| check | verdict | numbers |", "|---|---|---|"]
-        for name, ok, detail in acceptance(means, twin=control):
-            lines.append(f"| {name.replace('the twin', 'the control')} | {'pass' if ok else 'FAIL'} | {detail} |")
+    lines += checks_lines(mean_runs(cells, len(payloads)), on=" on the means (a rate is on the plateau if any seed is)")
     return "\n".join([*lines, "", f"![final loss against learning rate over seeds](results/{figure})", ""])
 
 

@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from hires_hf import HiResConfig
+from hires_hf.accounting import train_flops_per_token
 from hires_hf.diagnostics import DiagnosticsRecorder
 from hires_hf.io import write_json_atomic, write_text_atomic
 from hires_hf.training import (
@@ -57,7 +58,6 @@ from hires_hf.training import (
     special_token_ids,
 )
 from hires_hf.training.loop import LoopSettings, pick_device, train_loop
-from hires_hf.training.trainer import train_flops_per_token
 from hires_hf.twins import scale_twin_embedding, vanilla_config
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -1,4 +1,4 @@
-"""Parameters and counted FLOPs of a HiRes config and of its vanilla twin (HIRES.md §6).
+"""Parameters and counted FLOPs of a HiRes config and of its vanilla twin.
 
 Compute claims ("same loss at 77% of the compute") must be made on counted FLOPs, not parameter counts:
 the HiRes read/write projections add FLOPs that parameters alone understate, and its D-wide embedding adds
@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from transformers import PreTrainedConfig
+
 from .configuration_hires import HiResConfig
+from .errors import HiResUserError
+from .twins import num_experts
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,37 @@ def hires_flops_overhead(config: HiResConfig, seq_len: int) -> float:
     return hires / forward_flops_per_token(config, seq_len, vanilla=True) - 1.0
 
 
+def train_flops_per_token(config: PreTrainedConfig, seq_len: int) -> float:
+    """Counted training FLOPs per token (3 x forward) of a HiRes config or of any Llama / Qwen3 / OLMoE config."""
+    if isinstance(config, HiResConfig):
+        return 3.0 * forward_flops_per_token(config, seq_len)
+    return 3.0 * forward_flops_per_token(_as_hires_shape(config), seq_len, vanilla=True)
+
+
+def _as_hires_shape(config: PreTrainedConfig) -> HiResConfig:
+    """The HiRes config whose vanilla layers are those of a Llama / Qwen3 / OLMoE config (for FLOP counting)."""
+    experts = num_experts(config)
+    try:
+        return HiResConfig(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.num_hidden_layers,
+            num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=config.num_key_value_heads,
+            head_dim=getattr(config, "head_dim", None),
+            num_experts=experts,
+            num_experts_per_tok=getattr(config, "num_experts_per_tok", 0) if experts else 0,
+            moe_intermediate_size=config.intermediate_size if experts else None,
+            residual_size=config.hidden_size,
+            layers_per_block=config.num_hidden_layers,
+        )
+    except (AttributeError, ValueError) as error:
+        raise HiResUserError(
+            f"Cannot count FLOPs of a {type(config).__name__}; pass flops_per_token explicitly ({error})."
+        ) from error
+
+
 __all__ = [
     "Cost",
     "cost",
@@ -112,4 +147,5 @@ __all__ = [
     "hires_flops_overhead",
     "layer_macs_per_token",
     "layer_params",
+    "train_flops_per_token",
 ]

@@ -9,6 +9,7 @@ The Python API other parts reuse (e.g. the scaling ladder in `hires_hf.eval`):
     result.final_eval_loss, result.flops, result.eval_curve()
 """
 
+from ..accounting import train_flops_per_token
 from .data import (
     Corpus,
     PackedDataset,
@@ -27,7 +28,7 @@ from .tokenizer import (
     save_tokenizer,
     special_token_ids,
 )
-from .trainer import HiResTrainer, TrainResult, TrainSettings, train_flops_per_token, train_model
+from .trainer import HiResTrainer, TrainResult, TrainSettings, train_model
 
 __all__ = [
     "Corpus",

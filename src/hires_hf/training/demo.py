@@ -21,12 +21,13 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedConfig, PreTrainedTokenizerBase
 
+from ..accounting import train_flops_per_token
 from ..configuration_hires import HiResConfig
 from ..twins import vanilla_config
 from .data import PackedDataset, load_default_corpus, pack
 from .loop import pick_device, time_train_step
 from .tokenizer import build_tokenizer, encode_documents, special_token_ids
-from .trainer import TrainResult, ensure_writable, train_flops_per_token, train_model
+from .trainer import TrainResult, ensure_writable, train_model
 
 
 @dataclass(frozen=True)

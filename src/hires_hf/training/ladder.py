@@ -40,6 +40,7 @@ from huggingface_hub.errors import StrictDataclassError
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, PreTrainedConfig
 
+from ..accounting import train_flops_per_token
 from ..configuration_hires import PRESETS, HiResConfig
 from ..errors import HiResUserError
 from ..io import write_text_atomic
@@ -47,7 +48,7 @@ from ..twins import scale_twin_embedding, vanilla_config
 from .data import PackedDataset, load_default_corpus, load_python_sources, pack
 from .loop import LoopSettings, pick_device, time_train_step, train_loop
 from .tokenizer import build_tokenizer, encode_documents, special_token_ids
-from .trainer import ensure_writable, train_flops_per_token
+from .trainer import ensure_writable
 
 ARCHS = ("hires", "vanilla")
 RESERVE = 0.30  # share of the budget kept for data, evaluation, model building and a busy shared CPU

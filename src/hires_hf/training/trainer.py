@@ -37,8 +37,7 @@ from transformers import (
 )
 from transformers.trainer_utils import get_last_checkpoint
 
-from ..accounting import forward_flops_per_token
-from ..configuration_hires import HiResConfig
+from ..accounting import train_flops_per_token
 from ..errors import HiResUserError
 from ..io import write_json_atomic
 from ..twins import num_experts
@@ -72,38 +71,6 @@ class TrainResult:
     def to_json(self) -> dict[str, Any]:
         fields = {name: value for name, value in vars(self).items() if name != "model"}
         return {**fields, "model_dir": str(self.model_dir) if self.model_dir else None}
-
-
-# ---------------------------------------------------------------------------------------------------- FLOPs
-def train_flops_per_token(config: PreTrainedConfig, seq_len: int) -> float:
-    """Counted training FLOPs per token (3 x forward, HIRES.md §6) of a HiRes config or a vanilla twin's config."""
-    if isinstance(config, HiResConfig):
-        return 3.0 * forward_flops_per_token(config, seq_len)
-    return 3.0 * forward_flops_per_token(_as_hires_shape(config), seq_len, vanilla=True)
-
-
-def _as_hires_shape(config: PreTrainedConfig) -> HiResConfig:
-    """The HiRes config whose vanilla layers are those of a Llama / Qwen3 / OLMoE config (for FLOP counting)."""
-    experts = num_experts(config)
-    try:
-        return HiResConfig(
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            num_hidden_layers=config.num_hidden_layers,
-            num_attention_heads=config.num_attention_heads,
-            num_key_value_heads=config.num_key_value_heads,
-            head_dim=getattr(config, "head_dim", None),
-            num_experts=experts,
-            num_experts_per_tok=getattr(config, "num_experts_per_tok", 0) if experts else 0,
-            moe_intermediate_size=config.intermediate_size if experts else None,
-            residual_size=config.hidden_size,
-            layers_per_block=config.num_hidden_layers,
-        )
-    except (AttributeError, ValueError) as error:
-        raise HiResUserError(
-            f"Cannot count FLOPs of a {type(config).__name__}; pass flops_per_token explicitly ({error})."
-        ) from error
 
 
 # ---------------------------------------------------------------------------------------------------- callbacks
@@ -490,6 +457,5 @@ __all__ = [
     "TrainSettings",
     "ensure_writable",
     "require_checkpoint",
-    "train_flops_per_token",
     "train_model",
 ]

@@ -235,7 +235,6 @@ def run_one(arch: str, lr: float, settings: StabilitySettings, data: Data, devic
         steps=steps,
         batch_size=settings.batch_size,
         learning_rate=lr,
-        final_lr_fraction=0.1,
         evaluations=settings.evaluations,
         seed=settings.seed,
         precision=settings.precision,

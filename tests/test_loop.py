@@ -6,18 +6,29 @@ import itertools
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from transformers import AutoModelForCausalLM
 
 from hires_hf import HiResConfig
-from hires_hf.training import build_tokenizer, encode_documents, load_default_corpus, pack, special_token_ids
+from hires_hf.training import (
+    PackedDataset,
+    TrainSettings,
+    build_tokenizer,
+    encode_documents,
+    load_default_corpus,
+    pack,
+    special_token_ids,
+    train_model,
+)
 from hires_hf.training.loop import (
+    MIN_LR_RATE,
     LoopSettings,
     batch_order,
     build_optimizer,
     evaluate,
-    lr_factor,
     time_train_step,
     train_loop,
+    warmup_steps,
 )
 
 VOCAB = 300
@@ -36,12 +47,37 @@ def tiny(special, **fields) -> HiResConfig:
     return HiResConfig.from_preset("tiny", vocab_size=VOCAB, **special, **fields)
 
 
-def test_schedule_warms_up_linearly_then_decays_by_cosine_to_its_floor():
-    settings = LoopSettings(steps=100, batch_size=1, learning_rate=1.0, final_lr_fraction=0.1)
-    factors = [lr_factor(step, settings) for step in range(100)]
-    assert factors[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])  # 5% warmup
-    assert all(a >= b for a, b in itertools.pairwise(factors[4:]))  # then never rising
-    assert factors[-1] == pytest.approx(0.1, abs=1e-3)
+def _learning_rates_applied(run) -> list[float]:
+    """The learning rate of every optimizer step `run()` takes, read where AdamW applies it."""
+    seen: list[float] = []
+    hook = register_optimizer_step_pre_hook(
+        lambda optimizer, args, kwargs: seen.append(optimizer.param_groups[0]["lr"])
+    )
+    try:
+        run()
+    finally:
+        hook.remove()
+    return seen
+
+
+def test_the_loop_and_the_trainer_follow_one_learning_rate_curve(blocks, tmp_path):
+    train, valid, special = blocks
+    steps, peak = 40, 3e-3
+    model = AutoModelForCausalLM.from_config(tiny(special))
+    loop = LoopSettings(steps=steps, batch_size=2, learning_rate=peak, evaluations=1, eval_batch_size=8)
+    from_loop = _learning_rates_applied(lambda: train_loop(model, train, valid[:2], loop))
+    tokenizer = build_tokenizer(["def f(x):\n    return x\n"] * 50, vocab_size=VOCAB, sample_chars=10_000)
+    settings = TrainSettings(max_steps=steps, batch_size=2, learning_rate=peak, save_model=False, progress=False)
+    from_trainer = _learning_rates_applied(
+        lambda: train_model(
+            tiny(special), tokenizer, PackedDataset(train), PackedDataset(valid[:2]), settings, output_dir=tmp_path
+        )
+    )
+    assert len(from_loop) == len(from_trainer) == steps
+    assert from_loop == pytest.approx(from_trainer, rel=1e-9, abs=1e-12)
+    assert from_loop[0] == 0.0 and max(from_loop) == pytest.approx(peak)  # warmup from zero to the peak
+    assert from_loop[-1] == pytest.approx(peak * MIN_LR_RATE, rel=0.02)  # cosine down to its floor
+    assert all(a >= b for a, b in itertools.pairwise(from_loop[warmup_steps(steps) :]))
 
 
 def test_batch_order_is_fixed_by_the_seed_and_a_shorter_run_sees_a_prefix():

@@ -40,7 +40,7 @@ from transformers.configuration_utils import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
 WRITE_MODES = ("output", "delta")
-PROJECTION_INITS = ("normal", "identity")
+PROJECTION_INITS = ("normal", "identity", "fan_in")
 QK_NORMS = (None, "per_head", "full")
 WRITE_BASE_WIDTH = 128  # the width at which the write's multiplier is 1 (muP's base width)
 
@@ -145,6 +145,7 @@ class HiResConfig(PreTrainedConfig):
     write_norm: bool | None = None  # None -> outer_norm: normalise what a block writes into a normalised stream
     write_multiplier: float | None = None  # None -> WRITE_BASE_WIDTH / hidden_size with the outer norm, else 1.0
     embedding_multiplier: float | None = None  # None -> 1 / initializer_range with the outer norm, else 1.0
+    skip_scale: float = 1.0  # the outer residual's skip path: r <- Norm(skip_scale * r + write) (DeepNet's alpha)
 
     def __post_init__(self, **kwargs: Any) -> None:
         heads = self.num_attention_heads
@@ -217,6 +218,7 @@ class HiResConfig(PreTrainedConfig):
             self.write_multiplier,
             "a positive number (or None for the default: WRITE_BASE_WIDTH / hidden_size with the outer norm, else 1.0)",
         )
+        _require(self.skip_scale > 0, "skip_scale", self.skip_scale, "a positive number (1.0: the plain residual)")
         _require(
             self.embedding_multiplier > 0,
             "embedding_multiplier",

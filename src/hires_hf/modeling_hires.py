@@ -379,6 +379,7 @@ class HiResBlock(nn.Module):
         self.write_multiplier = config.write_multiplier
         self.write_proj = HiResProjection(d, wide, output_multiplier=config.write_multiplier)
         self.outer_norm = HiResRMSNorm(wide, eps=config.rms_norm_eps) if config.outer_norm else None
+        self.skip_scale = config.skip_scale
 
     def forward(self, residual: torch.Tensor, **layer_kwargs) -> torch.Tensor:
         """(B, T, D) -> (B, T, D)."""
@@ -392,7 +393,7 @@ class HiResBlock(nn.Module):
         update = self.write_proj(written)  # (B, T, D)
         if self.write_multiplier != 1.0:  # Adam's steps on the write shrink with the width (config docs)
             update = update * self.write_multiplier
-        residual = residual + update
+        residual = (residual if self.skip_scale == 1.0 else residual * self.skip_scale) + update
         return residual if self.outer_norm is None else self.outer_norm(residual)
 
 
@@ -428,6 +429,10 @@ class HiResPreTrainedModel(PreTrainedModel):
             weight = module.weight  # the map, multiplier included, is the rectangular identity
             eye = torch.eye(*weight.shape, dtype=weight.dtype, device=weight.device)
             init.copy_(weight, eye / module.output_multiplier)
+        elif isinstance(module, HiResProjection) and self.config.projection_init == "fan_in":
+            # every projection reads a normalised vector: std 1/sqrt(fan_in) maps it to RMS ~1, the stream's scale
+            std = module.in_features**-0.5
+            init.normal_(module.weight, mean=0.0, std=std / module.output_multiplier)
         elif isinstance(module, HiResProjection) and module.output_multiplier != 1.0:
             init.normal_(module.weight, mean=0.0, std=std / module.output_multiplier)  # the map starts at std
 

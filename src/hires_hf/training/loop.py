@@ -1,8 +1,9 @@
 """A plain, device-aware training loop for measurements: the ladder and the stability benchmark.
 
 It trains with the package's recipe, the same one `train_model` gives the HF Trainer: AdamW (betas 0.9 / 0.95,
-weight decay 0.1 on matrices and embeddings, none on norms and biases), linear warmup over 5% of the steps,
-cosine decay to zero, gradient clipping at 1.0, one learning rate for every parameter. What it adds for
+weight decay 0.1 on matrices and embeddings, none on norms and biases), transformers' own
+`cosine_with_min_lr` schedule (linear warmup from 0 over 5% of the steps, cosine down to 10% of the peak),
+gradient clipping at 1.0, one learning rate for every parameter. What it adds for
 measurements: the packed data is moved to the training device once and batches are drawn there; bf16
 autocast on CUDA; the loss is only read back to the host at evaluations, so the GPU is never stalled by a
 per-step sync; step times are measured synchronised (`time_train_step`).
@@ -18,13 +19,15 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedConfig
+from transformers import AutoModelForCausalLM, PreTrainedConfig, get_scheduler
 
 # The package's optimisation recipe; `trainer.py` hands the same values to the HF Trainer.
 ADAM_BETAS = (0.9, 0.95)
 WEIGHT_DECAY = 0.1
 WARMUP_FRACTION = 0.05
+MIN_LR_RATE = 0.1  # the cosine ends at this share of the peak
 MAX_GRAD_NORM = 1.0
+SCHEDULE = "cosine_with_min_lr"  # transformers' scheduler name, in the loop and in the Trainer alike
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,6 @@ class LoopSettings:
     steps: int
     batch_size: int
     learning_rate: float
-    warmup_fraction: float = WARMUP_FRACTION
-    final_lr_fraction: float = 0.0  # cosine down to this share of the peak
     weight_decay: float = WEIGHT_DECAY
     max_grad_norm: float = MAX_GRAD_NORM
     evaluations: int = 8  # evenly spaced, plus one before the first step
@@ -84,14 +85,20 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def lr_factor(step: int, settings: LoopSettings) -> float:
-    """Share of the peak learning rate at `step`: linear warmup, then cosine to `final_lr_fraction`."""
-    warmup = max(1, round(settings.warmup_fraction * settings.steps))
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, settings.steps - warmup)
-    floor = settings.final_lr_fraction
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+def warmup_steps(steps: int) -> int:
+    """Warmup length of a run of `steps` optimizer steps (the Trainer gets the same number)."""
+    return max(1, round(WARMUP_FRACTION * steps))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    """transformers' `cosine_with_min_lr` schedule over `steps`: the one learning-rate curve of every path."""
+    return get_scheduler(
+        SCHEDULE,
+        optimizer,
+        num_warmup_steps=warmup_steps(steps),
+        num_training_steps=steps,
+        scheduler_specific_kwargs={"min_lr_rate": MIN_LR_RATE},
+    )
 
 
 def build_optimizer(model: nn.Module, settings: LoopSettings) -> torch.optim.AdamW:
@@ -150,6 +157,7 @@ def train_loop(
     train_blocks, valid_blocks = train_blocks.to(device), valid_blocks.to(device)
     order = batch_order(train_blocks.shape[0], settings.steps, settings.batch_size, settings.seed).to(device)
     optimizer = build_optimizer(model, settings)
+    scheduler = build_scheduler(optimizer, settings.steps)
     eval_at = _evaluation_steps(settings)
     curve = [(0, evaluate(model, valid_blocks, settings.eval_batch_size, settings.precision))]
     losses: list[tuple[int, torch.Tensor]] = []
@@ -157,8 +165,6 @@ def train_loop(
     synchronize(device)
     start, eval_seconds, diverged = time.perf_counter(), 0.0, False
     for step in range(settings.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = settings.learning_rate * lr_factor(step, settings)
         batch = train_blocks[order[step]]
         with autocast(device, settings.precision):
             loss = model(input_ids=batch, labels=batch).loss
@@ -167,6 +173,7 @@ def train_loop(
         if before_update is not None:
             before_update(model, step)
         optimizer.step()
+        scheduler.step()
         if after_update is not None:
             after_update(model, step)
         optimizer.zero_grad(set_to_none=True)
@@ -222,13 +229,16 @@ def time_train_step(
 
 __all__ = [
     "ADAM_BETAS",
+    "MIN_LR_RATE",
+    "SCHEDULE",
     "LoopResult",
     "LoopSettings",
     "autocast",
     "batch_order",
+    "build_scheduler",
     "evaluate",
-    "lr_factor",
     "pick_device",
     "time_train_step",
     "train_loop",
+    "warmup_steps",
 ]

@@ -41,7 +41,7 @@ from ..accounting import train_flops_per_token
 from ..errors import HiResUserError
 from ..io import write_json_atomic
 from ..twins import num_experts
-from .loop import ADAM_BETAS, MAX_GRAD_NORM, WARMUP_FRACTION, WEIGHT_DECAY
+from .loop import ADAM_BETAS, MAX_GRAD_NORM, MIN_LR_RATE, SCHEDULE, WEIGHT_DECAY, warmup_steps
 from .tokenizer import check_vocab, save_tokenizer
 
 ROUTER_LOSSES = ("aux_loss", "z_loss")
@@ -297,9 +297,10 @@ def _training_arguments(checkpoints: Path, settings: TrainSettings) -> TrainingA
         per_device_eval_batch_size=16,
         gradient_accumulation_steps=settings.gradient_accumulation_steps,
         learning_rate=settings.learning_rate,
-        warmup_steps=max(1, round(WARMUP_FRACTION * steps)) if settings.warmup_steps is None else settings.warmup_steps,
+        warmup_steps=warmup_steps(steps) if settings.warmup_steps is None else settings.warmup_steps,
         weight_decay=settings.weight_decay,
-        lr_scheduler_type="cosine",
+        lr_scheduler_type=SCHEDULE,
+        lr_scheduler_kwargs={"min_lr_rate": MIN_LR_RATE},
         adam_beta1=ADAM_BETAS[0],
         adam_beta2=ADAM_BETAS[1],
         max_grad_norm=MAX_GRAD_NORM,

@@ -1,6 +1,6 @@
 """Peak memory of a streamed `hires-hf convert` on a synthetic multi-shard Llama checkpoint of >= 1 GB.
 
-The claim under test (issue 3): peak RSS stays near one input shard plus one output shard, not the whole model.
+The claim under test: peak RSS stays near one input shard plus one output shard, not the whole model.
 The source is written shard by shard from random tensors (never held whole), then converted in a fresh Python
 process whose peak RSS (VmHWM, which counts memory-mapped pages too) is compared with its RSS after imports.
 

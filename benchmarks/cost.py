@@ -105,7 +105,7 @@ class RowSpec:
     family: str  # "dense" or "moe": which vanilla row it is compared with
     kind: str  # "vanilla", "hires", "mhc" or "attnres"
     build: Callable[[], nn.Module]
-    analytic_flops: float  # forward FLOPs per token, causal, HIRES.md §6 convention
+    analytic_flops: float  # forward FLOPs per token, causal, the convention of docs/architecture.md (cost accounting)
     analytic_overhead: float  # relative to the family's vanilla row
     layers_per_block: int | None = None
     width_factor: int | None = None
@@ -455,7 +455,7 @@ ACTIVATION_CEILING = 1.10  # activation bytes <= 1.10 x vanilla at D = 2d, k = 4
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every target of the issue, one verdict per (target, row); time targets use the median paired ratio."""
+    """Every cost target, one verdict per (target, row); time targets use the median paired ratio."""
     summary = summarize(rows)
     by_name = {row["name"]: row for row in rows}
     peers = [row for row in rows if row["kind"] in ("mhc", "attnres")]

@@ -1,6 +1,6 @@
 """Residual-widening peers of HiRes, isolated around identical Llama layers.
 
-The issue asks for the *mechanism* to be compared, not two whole foreign models. So each peer here is a
+What is compared is the *mechanism*, not two whole foreign models. So each peer here is a
 Llama decoder (transformers' own `LlamaDecoderLayer` attention / MLP / norms, rotary embedding, mask and
 KV cache) whose residual wiring is replaced by the peer's module, taken unchanged from transformers:
 
@@ -191,7 +191,7 @@ class BlockAttnResForCausalLM(ResidualPeerForCausalLM):
 
 # ---------------------------------------------------------------------------------------------- accounting
 def mhc_extra_flops_per_token(config: LlamaConfig, streams: int = 4) -> float:
-    """Matmul FLOPs mHC adds per token (HIRES.md §6 convention: matmuls only, 2 FLOPs per MAC).
+    """Matmul FLOPs mHC adds per token (docs/architecture.md's convention: matmuls only, 2 FLOPs per MAC).
 
     Per hyper-connection: the weight projection n*d -> (2+n)*n and the n x n stream mix over d;
     two per layer, plus the head's n*d -> n projection.

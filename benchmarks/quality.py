@@ -1,10 +1,10 @@
 """Quality half of the benchmark: what HiRes buys over its vanilla twin at matched counted training FLOPs.
 
-One scaling ladder (`hires_hf.training.ladder`) serves both questions the issue asks:
+One scaling ladder (`hires_hf.training.ladder`) answers two questions:
 - at every size, HiRes and its twin spend the same counted FLOPs, 3 seeds each: the validation loss with
   its mean and spread, the paired difference (same seed = same batches), and the loss-vs-FLOPs curves;
 - over the sizes, `hires_hf.eval.scaling` fits `L(C) = A * C**-alpha` per architecture and gives the
-  FLOPs-efficiency multiplier (the article's 1.30x claim) with a bootstrap confidence interval.
+  FLOPs-efficiency multiplier (the HiRes paper reports 1.30x) with a bootstrap confidence interval.
 It writes `results/quality.md` (pasted into RESULTS.md by report.py), `results/quality_runs.jsonl` (the RUNS
 file, refittable with `hires-hf scaling`), `results/quality.json` and two PNGs. `--quality-runs FILE`
 re-renders from an existing RUNS file without training.
@@ -28,8 +28,8 @@ from hires_hf.training.ladder import LadderSettings, run_ladder, settings_with
 
 from . import report
 
-DEFAULT_BUDGET_MINUTES = 50.0  # the issue's ceiling is 60 CPU minutes
-ARTICLE_MULTIPLIER = 1.30
+DEFAULT_BUDGET_MINUTES = 50.0  # the whole benchmark within an hour on 2 CPU cores
+PAPER_MULTIPLIER = 1.30
 RUNS_FILE = "quality_runs.jsonl"
 CURVES_PNG = "quality_loss_vs_flops.png"
 FIT_PNG = "quality_scaling_fit.png"
@@ -312,8 +312,8 @@ def render(section: dict[str, Any], fit: ScalingReport, figures: list[str]) -> s
 
 
 def verdict(fit: ScalingReport, rungs: list[dict[str, Any]]) -> list[str]:
-    """What this toy ladder can and cannot say about the article's 1.30x, worded from the measured numbers."""
-    lines = ["### What this toy scale can and cannot say about the article's 1.30x", ""]
+    """What this toy ladder can and cannot say about the paper's 1.30x, worded from the measured numbers."""
+    lines = ["### What this toy scale can and cannot say about the paper's 1.30x", ""]
     if not fit.multipliers:
         return [*lines, "No multiplier: the RUNS file lacks one of the two architectures."]
     m = fit.multipliers[0]
@@ -323,7 +323,7 @@ def verdict(fit: ScalingReport, rungs: list[dict[str, Any]]) -> list[str]:
         sign = "HiRes is more FLOPs-efficient than its vanilla twin here: the whole interval lies above 1"
     else:
         sign = "the interval contains 1, so this ladder cannot tell HiRes from its twin"
-    article = "contains" if m.ci_low <= ARTICLE_MULTIPLIER <= m.ci_high else "excludes"
+    paper = "contains" if m.ci_low <= PAPER_MULTIPLIER <= m.ci_high else "excludes"
     params = [p for r in rungs for p in r["params"].values()]
     largest = _count(max(params))
     tokens = [t for r in rungs for t in r["tokens"].values()]
@@ -333,22 +333,22 @@ def verdict(fit: ScalingReport, rungs: list[dict[str, Any]]) -> list[str]:
     overheads = [r["flops_per_token"]["hires"] / r["flops_per_token"]["vanilla"] - 1 for r in rungs]
     lines += [
         f"- Measured: {m.value:.2f}x (95% CI {m.ci_low:.2f}-{m.ci_high:.2f}) at C = {m.at_compute:.2g} FLOPs: "
-        f"{sign}; the interval {article} the article's {ARTICLE_MULTIPLIER:.2f}x.",
+        f"{sign}; the interval {paper} the paper's {PAPER_MULTIPLIER:.2f}x.",
         f"- Scale: {_count(min(params))}-{_count(max(params))} parameters, {_count(min(tokens))}-"
         f"{_count(max(tokens))} tokens, {min(steps):,}-{max(steps):,} optimizer steps, on Python source with a "
-        "small vocabulary. The article's fits span models orders of magnitude larger, trained on billions of "
+        "small vocabulary. The paper's fits span models orders of magnitude larger, trained on billions of "
         "tokens (its OLMoE-1B-7B run saw 500B), where every run is far longer than HiRes's start-up cost.",
         f"- What it can say: at these sizes, on this data, with one untuned learning rate, whether HiRes at "
         f"equal counted FLOPs matches its twin; that HiRes pays {min(overheads):+.0%} to {max(overheads):+.0%} "
         "more FLOPs per token here (a read and a write projection, 2·d·D multiply-accumulates, after every "
-        "k layers; HIRES.md §6 puts k = 4 at ~8% and k = 8 at ~4%), which it must earn back in loss; and that "
+        "k layers; docs/architecture.md puts k = 4 at ~8% and k = 8 at ~4%), which it must earn back in loss; and that "
         "the implementation trains stably next to its twin.",
         f"- What it cannot say: whether 1.30x holds at scale. A multiplier fitted over {decades:.1f} decades of "
         f"compute on models of at most {largest} parameters is not an extrapolation to 1B-scale runs (none is "
         "made: the multiplier is read inside the data); these runs are short and undertrained, where the learning-rate "
         "schedule and "
         "initialisation matter as much as the architecture; one learning rate served both models (a fair "
-        "comparison at scale tunes each); and the article's OLMoE gain, 0.02 in loss, is of the order of the "
+        "comparison at scale tunes each); and the paper's OLMoE gain, 0.02 in loss, is of the order of the "
         f"seed-to-seed standard deviation of these short runs (up to {spread:.3f} here).",
     ]
     return lines

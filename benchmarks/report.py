@@ -306,8 +306,7 @@ def write_results(benchmarks_dir: Path = BENCHMARKS_DIR) -> Path:
         "rerun `python -m benchmarks` (or `hires-hf bench`) from the repository root. Timings on a shared CPU "
         "are noisy: read the ratios with their spread.",
         "",
-        "The quality half, the GPU throughput / MFU section, `ladder_k4` and `lr_sensitivity` were measured before "
-        "the stability fix "
+        "The quality half, `ladder_k4` and `lr_sensitivity` were measured before the stability fix "
         "(docs/stability.md), with the old defaults; the stability sections, `ladder_gpu` and `ladder_k4_fixed` "
         "say which defaults they ran with. Every HiRes-vs-twin comparison is against the twin transformers builds "
         "(a Llama whose embedding enters at RMS 0.02) unless it names the control `vanilla-scaled-embedding` or "

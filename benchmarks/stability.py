@@ -14,10 +14,11 @@ parameter, as a user's `AdamW(model.parameters())` would). Three architectures:
 
 A run is "on the plateau" when its final validation loss is within 0.2 nats of the unigram cross-entropy of
 the validation data (what a model that ignores its input reaches). Writes a table, the acceptance checks
-(issue "HiRes must train at real scale") and a PNG of validation loss against steps per learning rate.
+(HiRes learns wherever its twin does, and at least as well) and a PNG of validation loss against steps per
+learning rate.
 
     python benchmarks/stability.py                 # CPU: d=128, L=16, k=4 (4 blocks); ~15 minutes on 2 cores
-    python benchmarks/stability.py --preset issue  # the issue's CPU shape: d=192, 32 x 128 batches; ~50 min
+    python benchmarks/stability.py --preset issue  # the d=192 CPU reproduction of the stall: 32 x 128 batches; ~50 min
     python benchmarks/stability.py --seed 1        # the CPU grid again with other weights and batches
     python benchmarks/stability.py --width 64      # the CPU grid at another width (write multiplier 128/d)
     python benchmarks/stability.py --extend --lrs 8e-3   # add cells to a grid already written (same options)
@@ -141,8 +142,8 @@ class StabilitySettings:
 
     @classmethod
     def gpu(cls) -> StabilitySettings:
-        """The issue's GPU shape: d=512, L=16, 8 heads x 64, SwiGLU 1408, vocab 8192, batches of 64 x 1024,
-        12M vanilla tokens a run (183 steps), Python sources (stdlib + site-packages)."""
+        """The GPU shape where the stall was first seen: d=512, L=16, 8 heads x 64, SwiGLU 1408, vocab 8192,
+        batches of 64 x 1024, 12M vanilla tokens a run (183 steps), Python sources (stdlib + site-packages)."""
         return cls(
             shape=Shape(hidden_size=512, intermediate_size=1408, vocab_size=8192),
             learning_rates=(5e-4, 1e-3, 2e-3, 4e-3),
@@ -158,8 +159,8 @@ class StabilitySettings:
 
     @classmethod
     def issue(cls) -> StabilitySettings:
-        """The issue's CPU reproduction: d=192, L=16, 3 heads x 64, vocab 4096, batches of 32 x 128, 0.6M vanilla
-        tokens a run (146 steps), Python sources; the old default only at 3e-3, where the issue saw it stall."""
+        """The CPU reproduction of the stall: d=192, L=16, 3 heads x 64, vocab 4096, batches of 32 x 128, 0.6M vanilla
+        tokens a run (146 steps), Python sources; the old default only at 3e-3, where it stalled first."""
         return cls(
             shape=Shape(hidden_size=192),
             batch_size=32,
@@ -265,7 +266,7 @@ def _slim(row: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------------- checks
 def acceptance(runs: list[dict[str, Any]], arch: str = "hires", twin: str = "vanilla") -> list[tuple[str, bool, str]]:
-    """The issue's three checks of `arch` against `twin`, each with its verdict and the numbers behind it (the
+    """The three stability checks of `arch` against `twin`, each with its verdict and the numbers behind it (the
     twin's best rate among those both ran)."""
     renamed = {arch: "hires", twin: "vanilla"}
     runs = [{**r, "arch": renamed[r["arch"]]} for r in runs if r["arch"] in renamed]
@@ -601,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = replace(settings, old_lrs=tuple(args.old_lrs))
     name = args.name or ("stability" if args.preset == "cpu" else f"stability_{args.preset}")
     name += "" if args.name else f"_d{args.width}" * bool(args.width) + f"_seed{args.seed}" * bool(args.seed)
-    shape_name = {"cpu": "CPU shape", "issue": "the issue's CPU shape", "gpu": "GPU shape"}[args.preset]
+    shape_name = {"cpu": "CPU shape", "issue": "the d=192 CPU reproduction", "gpu": "GPU shape"}[args.preset]
     shape_name += f" at d={args.width}" if args.width else ""
     title = f"HiRes vs its twin over a learning-rate grid ({shape_name}, seed {args.seed})"
     if args.ablation:

@@ -2,7 +2,7 @@
 
 Reads stability grids of the same shape run under different seeds (`python benchmarks/stability.py --seed N`),
 puts each (architecture, learning rate)'s final losses side by side with their mean and spread, and applies the
-issue's three checks to the means (`stability.checks_lines`), counting a rate as "on the plateau" when any seed
+three stability checks to the means (`stability.checks_lines`), counting a rate as "on the plateau" when any seed
 is. Writes a table and a PNG of final loss against learning rate (one line per architecture through the means,
 a dot per seed).
 

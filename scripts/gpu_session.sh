@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The GPU checks of one session on one H200, in the order they matter, each writing as it goes under $OUT:
-#   stability: the stability grid at the issue's GPU shape (d=512, L=16), HiRes vs its twin over peak learning
+# The GPU checks, in the order they matter (about 13 minutes on one H200), each writing as it goes under $OUT:
+#   stability: the stability grid at d=512, L=16 (docs/stability.md), HiRes vs its twin over peak learning
 #              rates, and the old default (vanilla-scale embedding) at 1e-3 and 2e-3: does the stall reproduce?
 #   ladder:    the GPU scaling ladder (`hires-hf ladder --preset gpu`).
 # Usage: OUT=runs/gpu scripts/gpu_session.sh
-#   PHASES=stability|ladder runs one of them (a lease may take them as two calls); STAB_STEPS, STAB_LRS, STAB_ARCHS,
-#   LADDER_MINUTES, LADDER_ARGS and MAX_CHARS shrink them to fit a lease; SMOKE=1 runs seconds-long versions.
+#   PHASES=stability|ladder runs one of them; STAB_STEPS, STAB_LRS, STAB_ARCHS, LADDER_MINUTES, LADDER_ARGS and
+#   MAX_CHARS shrink them to fit less GPU time; SMOKE=1 runs seconds-long versions; JSON_ONLY=1 leaves only the
+#   JSON and the logs under $OUT (rebuild a table and figure with `python benchmarks/stability.py --render FILE.json`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu}"
@@ -25,11 +26,9 @@ if [[ " $PHASES " == *" stability "* ]]; then
   [ -n "${SMOKE:-}" ] && stab=(benchmarks/stability.py --smoke --out-dir "$OUT")
   [ -n "${STAB_LRS:-}" ] && stab+=(--lrs $STAB_LRS)
   [ -n "${STAB_ARCHS:-}" ] && stab+=(--archs $STAB_ARCHS)
-  # At most 8 files come back from a lease: the JSON and the log stay under $OUT; the table and figure are
-  # rebuilt from the JSON with `python benchmarks/stability.py --render FILE.json`.
   timeout "${STAB_SECONDS:-290}" "$PY" "${stab[@]}" --old-lrs 1e-3 2e-3 2>&1 | tr '\r' '\n' | grep -v "it/s" \
     | tee "$OUT/stability_log.txt" | tail -25
-  mkdir -p /tmp/aside && mv "$OUT"/*.png "$OUT"/*.md /tmp/aside/ 2>/dev/null
+  [ -n "${JSON_ONLY:-}" ] && rm -f "$OUT"/*.png "$OUT"/*.md
 fi
 
 if [[ " $PHASES " == *" ladder "* ]]; then

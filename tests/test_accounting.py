@@ -1,4 +1,4 @@
-"""Cost accounting (HIRES.md §6): parameter counts equal the models', counted FLOPs equal what torch counts."""
+"""Cost accounting (docs/architecture.md): parameter counts equal the models', counted FLOPs equal what torch counts."""
 
 import pytest
 import torch
@@ -52,7 +52,8 @@ def test_counted_flops_match_flop_counter(overrides: dict) -> None:
 
 
 def test_overhead_matches_the_spec_example() -> None:
-    """HIRES.md §6: dense, I = 8d/3, MHA, D = 2d: ~4d^2 extra per 48d^2 of layer work at k = 4 (8%), ~4% at k = 8."""
+    """docs/architecture.md: dense, I = 8d/3, MHA, D = 2d: ~4d^2 extra per 48d^2 of layer work at k = 4 (8%),
+    ~4% at k = 8."""
     d = 768
     common = dict(hidden_size=d, intermediate_size=8 * d // 3, num_attention_heads=12, vocab_size=1)
     k4 = HiResConfig(num_hidden_layers=16, layers_per_block=4, **common)

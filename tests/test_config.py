@@ -1,4 +1,4 @@
-"""HiResConfig: presets, derived values, and one clear error per invalid field (HIRES.md §8.6)."""
+"""HiResConfig: presets, derived values, and one clear error per invalid field (docs/architecture.md, invariant 6)."""
 
 import json
 

@@ -1,5 +1,5 @@
-"""The model's behaviour: exact equivalence with vanilla (HIRES.md §5), caches, padding, backends, training
-paths and MoE routing losses (HIRES.md §8)."""
+"""The model's behaviour: exact equivalence with vanilla (docs/architecture.md), caches, padding, backends, training
+paths and MoE routing losses (the invariants of docs/architecture.md)."""
 
 import copy
 

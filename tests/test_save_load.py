@@ -1,5 +1,5 @@
 """Round trips: save_pretrained -> from_pretrained bit for bit, and the saved folder as Hub remote code loaded by a
-Python that cannot import hires_hf (HIRES.md §8.3)."""
+Python that cannot import hires_hf (docs/architecture.md, invariant 3)."""
 
 import json
 import os

@@ -1,5 +1,5 @@
 """Small builders shared by the core tests: vanilla transformers twins with perturbed weights, and the
-function-preserving HiRes that holds them (HIRES.md §5)."""
+function-preserving HiRes that holds them (docs/architecture.md, exact equivalence)."""
 
 from __future__ import annotations
 

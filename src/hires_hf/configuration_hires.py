@@ -1,4 +1,4 @@
-"""HiRes configuration: the architecture's public contract (see HIRES.md §2).
+"""HiRes configuration: the architecture's public contract.
 
 Field names follow transformers' Llama / OLMoE configs wherever the meaning is the same, so that tools and
 people recognise them. HiRes adds five fields:
@@ -280,7 +280,7 @@ class HiResConfig(PreTrainedConfig):
     # ------------------------------------------------------------------ presets
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> HiResConfig:
-        """A named shape (HIRES.md §7), with any field overridden by keyword."""
+        """A named shape from `PRESETS`, with any field overridden by keyword."""
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}. Available presets: {', '.join(sorted(PRESETS))}.")
         return cls(**{**PRESETS[name], **overrides})

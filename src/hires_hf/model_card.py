@@ -2,7 +2,7 @@
 
 The YAML block is what the Hub indexes (library, pipeline, tags, licence, base model, datasets, model-index);
 the body is what a reader needs to decide whether the model fits: d, D, k, blocks, experts and the counted
-FLOPs per token next to the vanilla twin's (HIRES.md §6), and a snippet that loads it with remote code.
+FLOPs per token next to the vanilla twin's (hires_hf.accounting), and a snippet that loads it with remote code.
 
 Provenance comes from the config when the tools that made the checkpoint recorded it [project choice]:
 - `config.hires_conversion = {"base_model": "<hub id of the converted checkpoint>", ...}` (written by conversion),

@@ -11,7 +11,9 @@ Where HiRes departs from Llama / OLMoE (everything else is the vanilla layer, un
 - after the last block `read_out` (D -> d) brings the stream back to d for the final norm and the LM head.
 
 Attention, RoPE, the KV cache (d-wide, one entry per layer) and MoE routing are exactly those of the vanilla
-layer, so a Llama / OLMoE checkpoint converts into an equivalent HiRes model (HIRES.md §5).
+layer, so a Llama / OLMoE checkpoint converts into an equivalent HiRes model: with
+`residual_size == hidden_size`, identity read / write / read-out, `write_mode="delta"` and `outer_norm=False`,
+each block computes r <- r + (h_k - h_0) = h_k, the vanilla stack exactly.
 
 This file imports only transformers and its sibling config: it ships unchanged as Hub remote code.
 """

@@ -5,9 +5,10 @@ and output tensors go to bounded safetensors shards, so peak memory stays near o
 rather than the whole model. Everything is written into a temporary folder next to DST, checked (source and
 result on the same random ids), and only then renamed to DST: a failed conversion leaves nothing behind.
 
-With `exact=True` the result computes the source's function (HIRES.md §5: identity read / write / read-out,
-`write_mode="delta"`, `outer_norm=False`, zero-padded embedding). Without it the HiRes defaults are used
-(`write_mode="output"`, outer PostNorm on) with the same identity projections as a warm start for training.
+With `exact=True` the result computes the source's function (docs/architecture.md, exact equivalence:
+identity read / write / read-out, `write_mode="delta"`, `outer_norm=False`, zero-padded embedding). Without it
+the HiRes defaults are used (`write_mode="output"`, outer PostNorm on) with the same identity projections as a
+warm start for training.
 """
 
 from __future__ import annotations
@@ -707,7 +708,7 @@ def convert(
 
 def _mode_note(exact: bool) -> str:
     if exact:
-        return "exact: identity read/write/read-out, write_mode='delta', outer_norm=False (HIRES.md §5)"
+        return "exact: identity read/write/read-out, write_mode='delta', outer_norm=False: logits equal the source's"
     return (
         "warm start: HiRes defaults (write_mode='output', outer_norm=True, write_norm=True) with identity "
         "read/write/read-out; "

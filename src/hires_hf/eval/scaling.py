@@ -1,4 +1,4 @@
-"""Scaling-law fits and the FLOPs-efficiency multiplier of HiRes over vanilla (the article's central claim).
+"""Scaling-law fits and the FLOPs-efficiency multiplier of HiRes over vanilla (the HiRes paper's central claim: 1.30x).
 
 Per architecture, fit `L(C) = A * C**-alpha` (or `A * C**-alpha + E` with an irreducible loss) to runs of
 (training FLOPs C, final validation loss L). The multiplier at HiRes compute C solves

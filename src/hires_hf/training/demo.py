@@ -1,9 +1,10 @@
 """`hires-hf demo`: a tiny HiRes and its vanilla twin, trained on the same text for the same counted FLOPs.
 
 Comparison rule: **equal counted training FLOPs** (hires_hf.accounting), not equal tokens. HiRes spends extra
-FLOPs per token on its read / write projections; HIRES.md §6 asks that efficiency claims be made on counted
-FLOPs, so each model gets the number of tokens that its FLOPs per token buys from one shared budget (HiRes
-therefore sees fewer tokens). Both see the same batches in the same order, from the same seed.
+FLOPs per token on its read / write projections; efficiency claims are made on counted FLOPs
+(docs/architecture.md, cost accounting), so each model gets the number of tokens that its FLOPs per token
+buys from one shared budget (HiRes therefore sees fewer tokens). Both see the same batches in the same order,
+from the same seed.
 
 The budget is wall-clock: a few timed steps of each model turn the minutes into a FLOP budget that both runs
 together fit in (evaluation, saving and sampling included through a reserve).

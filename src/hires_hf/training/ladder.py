@@ -5,7 +5,7 @@ FLOPs, final validation loss) points. The ladder makes them:
 
 - one byte-level BPE trained once and shared by every run (a loss is only comparable under one tokenizer);
 - each size (a rung) gets one FLOPs budget `C_i`, spent by HiRes and by its vanilla twin alike: HiRes pays
-  for its read / write projections with fewer tokens, as HIRES.md §6 asks (compute, not parameters);
+  for its read / write projections with fewer tokens (compute, not parameters: docs/architecture.md);
 - budgets grow as the square of the twin's FLOPs per token, so tokens grow in proportion to model cost
   (a fixed tokens-per-parameter ratio, the shape of a compute-optimal frontier); the common scale is chosen
   from synchronised timed steps of every model on the training device, so that the ladder fits its

@@ -70,24 +70,9 @@ class HiResConfig(PreTrainedConfig):
     # `embedding_size` is what vLLM (and other tools) read for the embedding width: here it is D, not d.
     attribute_map = {"num_local_experts": "num_experts", "embedding_size": "residual_size"}
 
-    # Module names are the real ones of modeling_hires.py: layers live inside blocks.
-    base_model_tp_plan = {
-        "blocks.*.layers.*.self_attn.q_proj": "colwise",
-        "blocks.*.layers.*.self_attn.k_proj": "colwise",
-        "blocks.*.layers.*.self_attn.v_proj": "colwise",
-        "blocks.*.layers.*.self_attn.o_proj": "rowwise",
-        "blocks.*.layers.*.mlp.gate_proj": "colwise",
-        "blocks.*.layers.*.mlp.up_proj": "colwise",
-        "blocks.*.layers.*.mlp.down_proj": "rowwise",
-        "blocks.*.layers.*.mlp.experts.gate_up_proj": "packed_colwise",
-        "blocks.*.layers.*.mlp.experts.down_proj": "rowwise",
-        "blocks.*.layers.*.mlp.experts": "moe_tp_experts",
-    }
-    base_model_ep_plan = {
-        "blocks.*.layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
-        "blocks.*.layers.*.mlp.experts.down_proj": "grouped_gemm",
-        "blocks.*.layers.*.mlp.experts": "ep_dispatch_experts",
-    }
+    # Module names are the real ones of modeling_hires.py: layers live inside blocks. The tensor- and
+    # expert-parallel plans depend on the variant (dense or MoE, which q/k norm): `base_model_tp_plan` and
+    # `base_model_ep_plan` are properties, below, so that a plan never names a module the model lacks.
     base_model_fsdp_plan = {
         "embed_tokens": "free_full_weight",
         "blocks.*": "free_full_weight",
@@ -178,6 +163,50 @@ class HiResConfig(PreTrainedConfig):
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    # ------------------------------------------------------------------ parallel plans (docs/distributed.md)
+    @property
+    def base_model_tp_plan(self) -> dict[str, str]:
+        """Tensor parallelism inside the d-wide layers, as Llama / Qwen3 / OLMoE shard theirs.
+
+        The wide embedding is split on the vocabulary (each rank looks up its rows, one all-reduce of the D-wide
+        sum). The read, write and read-out projections and every norm are replicated: sharding them would add a
+        collective per projection for a few percent of the weights (docs/distributed.md gives the numbers).
+        """
+        layer = "blocks.*.layers.*"
+        attention = [f"{layer}.self_attn.{name}" for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        if self.qk_norm == "full":
+            # OLMoE: one norm over all heads needs q and k whole on every rank; gather them, split o_proj's input
+            plan = dict.fromkeys(attention[:3], "colwise_gather_output") | {attention[3]: "rowwise_split_input"}
+        else:
+            plan = dict.fromkeys(attention[:3], "colwise") | {attention[3]: "rowwise"}
+            if self.qk_norm == "per_head":  # Qwen3: each rank normalises its own heads; the gains' grads add up
+                plan |= dict.fromkeys(
+                    (f"{layer}.self_attn.q_norm", f"{layer}.self_attn.k_norm"), "replicated_with_grad_allreduce"
+                )
+        if self.num_experts > 0:
+            plan |= {
+                f"{layer}.mlp.experts.gate_up_proj": "packed_colwise",
+                f"{layer}.mlp.experts.down_proj": "rowwise",
+                f"{layer}.mlp.experts": "moe_tp_experts",
+            }
+        else:
+            plan |= {f"{layer}.mlp.gate_proj": "colwise", f"{layer}.mlp.up_proj": "colwise"}
+            plan |= {f"{layer}.mlp.down_proj": "rowwise"}
+        return {"embed_tokens": "embedding_rowwise", **plan}
+
+    @property
+    def base_model_ep_plan(self) -> dict[str, str]:
+        """Expert parallelism: whole experts per rank, tokens dispatched to them (empty for a dense model, so that
+        `ep_size > 1` on one is refused by transformers instead of silently ignored)."""
+        if self.num_experts == 0:
+            return {}
+        experts = "blocks.*.layers.*.mlp.experts"
+        return {
+            f"{experts}.gate_up_proj": "grouped_gemm",
+            f"{experts}.down_proj": "grouped_gemm",
+            experts: "ep_dispatch_experts",
+        }
 
     # ------------------------------------------------------------------ validation (run by @strict)
     def validate_widths(self) -> None:

@@ -419,6 +419,26 @@ class HiResPreTrainedModel(PreTrainedModel):
         "attentions": HiResAttention,
     }
 
+    @classmethod
+    def prepare_distribute_model(cls, distributed_config, device_map=None):
+        """Refuse pipeline parallelism before any device mesh is built.
+
+        transformers' pipeline runtime splits `base_model.layers` and passes `hidden_size`-wide activations between
+        stages; a HiRes stage boundary falls between blocks, where the stream is `residual_size` wide.
+        """
+        pp_size = (
+            distributed_config.get("pp_size")
+            if isinstance(distributed_config, dict)
+            else getattr(distributed_config, "pp_size", None)
+        )
+        if pp_size is not None and pp_size > 1:
+            raise ValueError(
+                f"HiRes does not support pipeline parallelism (pp_size={pp_size}); use tensor parallelism "
+                "(tp_plan='auto'), FSDP2 (fsdp_size), HSDP (fsdp_size + dp_replicate_size) or, for MoE, expert "
+                "parallelism (ep_size) instead."
+            )
+        return super().prepare_distribute_model(distributed_config, device_map=device_map)
+
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
         std = self.config.initializer_range

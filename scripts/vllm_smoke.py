@@ -61,12 +61,16 @@ def build_tiny_folder(folder: Path) -> Path:
 
 def with_embedding_size(folder: Path, work: Path) -> Path:
     """A copy of `folder` whose config.json tells vLLM the embedding width (residual_size)."""
+    from transformers import AutoConfig
+
     config = json.loads((folder / "config.json").read_text())
-    if config.get("embedding_size") == config["residual_size"]:
+    # residual_size may be null in the file (derived: 2 * hidden_size); the config class derives it
+    wide = AutoConfig.from_pretrained(folder, trust_remote_code=True).residual_size
+    if config.get("embedding_size") == wide:
         return folder
     patched = work / "patched"
     shutil.copytree(folder, patched)
-    config["embedding_size"] = config["residual_size"]
+    config["embedding_size"] = wide
     tmp = patched / "config.json.tmp"
     tmp.write_text(json.dumps(config, indent=2))
     tmp.replace(patched / "config.json")

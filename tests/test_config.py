@@ -7,6 +7,7 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig
 
 from hires_hf import PRESETS, HiResConfig
+from hires_hf.training.cli import with_overrides
 
 # (overrides on the tiny preset, the field the error must name, a fragment of what is allowed)
 INVALID = {
@@ -101,3 +102,98 @@ def test_config_round_trips_through_json(tmp_path) -> None:
         assert getattr(loaded, field) == getattr(config, field)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["auto_map"]["AutoConfig"] == "configuration_hires.HiResConfig"
+
+
+# ------------------------------------------------------------------ derived defaults follow the final values
+# What a user changes (one field) and what the fields left to their default must then be, on the tiny preset
+# (d = 64, outer norm on: write multiplier 128 / 64 = 2, embedding multiplier 1 / 0.02 = 50, write norm on).
+CHANGES = {
+    "outer-norm-off": (
+        {"outer_norm": False},
+        {"write_norm": False, "write_multiplier": 1.0, "embedding_multiplier": 1.0},
+    ),
+    "wider-layers": ({"hidden_size": 128}, {"write_multiplier": 1.0, "head_dim": 32, "write_norm": True}),
+    "other-init": ({"initializer_range": 0.04}, {"embedding_multiplier": 25.0}),
+    "experts": (
+        {"num_experts": 4, "num_experts_per_tok": 2},
+        {"router_aux_loss_coef": 0.01, "moe_intermediate_size": 172},
+    ),
+}
+
+
+def _override_items(change: dict) -> list[str]:
+    return [f"{field}={json.dumps(value)}" for field, value in change.items()]
+
+
+def _rebuilt_by(path: str, change: dict, tmp_path) -> HiResConfig:
+    """The tiny preset with `change` applied the way each part of the package applies one."""
+    tiny = HiResConfig.from_preset("tiny")
+    if path == "cli-override":  # hires-hf train --model tiny --override FIELD=VALUE
+        return with_overrides(tiny, _override_items(change))
+    if path == "to-dict-rebuild":  # the converter, the ladder, the Trainer's plain copy
+        return HiResConfig.from_dict({**tiny.to_dict(), **change})
+    if path == "hand-edited-config-json":  # a saved config.json edited by hand, then loaded
+        tiny.save_pretrained(tmp_path)
+        saved = json.loads((tmp_path / "config.json").read_text())
+        (tmp_path / "config.json").write_text(json.dumps({**saved, **change}))
+        return AutoConfig.from_pretrained(tmp_path)
+    if path == "assignment":  # config.field = value after construction
+        for field, value in change.items():
+            setattr(tiny, field, value)
+        return tiny
+    raise AssertionError(path)
+
+
+PATHS = ["cli-override", "to-dict-rebuild", "hand-edited-config-json", "assignment"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("change, expected", CHANGES.values(), ids=CHANGES.keys())
+def test_a_changed_field_rederives_the_defaults_that_depend_on_it(path: str, change: dict, expected: dict, tmp_path):
+    config = _rebuilt_by(path, change, tmp_path)
+    assert {field: getattr(config, field) for field in expected} == expected
+    # and it is the config from_preset builds with the same change in one go
+    assert config.to_dict() | {"_name_or_path": ""} == HiResConfig.from_preset("tiny", **change).to_dict() | {
+        "_name_or_path": ""
+    }
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_explicit_value_wins_on_every_path(path: str, tmp_path) -> None:
+    """A value the user chose is kept, whatever else changes, and survives save / load."""
+    pinned = {"write_multiplier": 0.5, "embedding_multiplier": 3.0, "write_norm": False, "head_dim": 8}
+    config = HiResConfig.from_preset("tiny", **pinned)
+    config.save_pretrained(tmp_path / "saved")
+    loaded = AutoConfig.from_pretrained(tmp_path / "saved")
+    assert {field: getattr(loaded, field) for field in pinned} == pinned
+    change = {"outer_norm": False, "hidden_size": 128}
+    if path == "cli-override":
+        rebuilt = with_overrides(loaded, _override_items(change))
+    elif path == "to-dict-rebuild":
+        rebuilt = HiResConfig.from_dict({**loaded.to_dict(), **change})
+    elif path == "hand-edited-config-json":
+        saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+        (tmp_path / "saved" / "config.json").write_text(json.dumps({**saved, **change}))
+        rebuilt = AutoConfig.from_pretrained(tmp_path / "saved")
+    else:
+        rebuilt = loaded
+        for field, value in change.items():
+            setattr(rebuilt, field, value)
+    assert {field: getattr(rebuilt, field) for field in pinned} == pinned
+
+
+def test_a_saved_config_json_says_which_values_are_derived(tmp_path) -> None:
+    """null in config.json means "derived from this file's other fields"; a number means "chosen"."""
+    HiResConfig.from_preset("tiny", write_multiplier=0.5).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["write_multiplier"] == 0.5
+    assert saved["embedding_multiplier"] is None and saved["write_norm"] is None and saved["head_dim"] is None
+    assert saved["residual_size"] == 128  # the preset chose it
+
+
+def test_from_preset_derives_from_the_overrides_and_assigning_none_hands_a_field_back() -> None:
+    config = HiResConfig.from_preset("tiny", outer_norm=False, write_multiplier=0.5)
+    assert (config.write_multiplier, config.embedding_multiplier, config.write_norm) == (0.5, 1.0, False)
+    config.write_multiplier = None  # back to its default, derived from outer_norm=False
+    config.outer_norm = True
+    assert (config.write_multiplier, config.embedding_multiplier, config.write_norm) == (2.0, 50.0, True)

@@ -1,14 +1,19 @@
 """HiRes configuration: the architecture's public contract.
 
 Field names follow transformers' Llama / OLMoE configs wherever the meaning is the same, so that tools and
-people recognise them. HiRes adds five fields:
+people recognise them. Two layer options let one config hold Llama, Qwen2, Qwen3 and OLMoE layers exactly:
+`attention_output_bias` (a bias on o_proj, separate from `attention_bias` on q/k/v) and `qk_norm` (None,
+"per_head" as Qwen3, "full" as OLMoE). HiRes itself adds nine fields:
 
-- `residual_size` (D): width of the residual stream *between* blocks; `hidden_size` (d) stays every layer's
-  compute width.
-- `layers_per_block` (k): consecutive d-wide PreNorm layers grouped into one block.
+- `residual_size` (D, default 2 * hidden_size): width of the residual stream *between* blocks; `hidden_size` (d)
+  stays every layer's compute width.
+- `layers_per_block` (k): consecutive d-wide PreNorm layers grouped into one block; it must divide
+  `num_hidden_layers`.
 - `write_mode`: what a block writes back into the wide stream, its output ("output") or what it added ("delta").
 - `outer_norm`: the PostNorm over D after each block's write (off only for ablations and exact upcycling).
-- `projection_init`: how read / write / read-out projections start ("normal" or "identity").
+- `projection_init`: how read / write / read-out projections start: "normal" (std `initializer_range`, as every
+  other matrix), "identity" (the rectangular identity: the first d coordinates of the wide stream are the vanilla
+  stream) or "fan_in" (std 1 / sqrt(fan_in), which maps a normalised input to RMS ~1).
 - `write_norm`: an RMSNorm (with its own gain) on what a block writes, before the write projection. With the
   outer norm on, every projection then reads a normalised vector: the read and the read-out read the stream the
   outer norms hold at RMS 1, the layers read their PreNorms, and the write reads this norm instead of the raw
@@ -23,16 +28,24 @@ people recognise them. HiRes adds five fields:
   default `1 / initializer_range` when the outer norm is on, so that tokens enter the wide stream at the scale
   the outer PostNorms hold it at (RMS 1), while the stored weights keep the vanilla init and so Adam's usual
   relative update speed; 1.0 without the outer norm (an additive stream, as vanilla). With a vanilla-scale
-  embedding (1.0) and the outer norm on, HiRes collapses onto the unigram plateau at ordinary learning rates
-  (docs/stability.md).
+  embedding (1.0) and the outer norm on, HiRes collapses onto the unigram plateau at ordinary learning rates.
+- `skip_scale`: the weight of the skip path in the outer residual, r <- Norm(skip_scale * r + write); 1.0 is the
+  plain residual.
 
 `num_experts=0` gives dense SwiGLU layers; `num_experts>0` gives OLMoE-style sparse MoE layers.
+
+Defaults that depend on other fields (`DERIVED_DEFAULTS`: head_dim, num_key_value_heads, residual_size,
+write_norm, write_multiplier, embedding_multiplier, router_aux_loss_coef, moe_intermediate_size) are None in the
+signature and in config.json: a field left to None is derived from the final values of the fields it depends on,
+again whenever one of them is assigned, and again when a dict or config.json is read back, so that changing
+`outer_norm` or `hidden_size` changes them too. A value given explicitly (a number in config.json) always wins.
 
 This file imports nothing of ours so that it ships unchanged as Hub remote code.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
@@ -43,6 +56,30 @@ WRITE_MODES = ("output", "delta")
 PROJECTION_INITS = ("normal", "identity", "fan_in")
 QK_NORMS = (None, "per_head", "full")
 WRITE_BASE_WIDTH = 128  # the width at which the write's multiplier is 1 (muP's base width)
+
+# The fields whose default, None, means "derived from the other fields", and how. A field left to None is
+# computed from the final values of the fields it depends on: at construction, and again whenever a field is
+# assigned. `to_dict()`, and so config.json, writes it as None, so that a config rebuilt from a dict with a field
+# changed, or a hand-edited config.json, derives it afresh. A value given explicitly is kept everywhere.
+DERIVED_DEFAULTS: dict[str, Callable[[Any], Any]] = {
+    # d / heads; left None when the heads do not divide d (validate_attention then says why)
+    "head_dim": lambda c: (
+        c.hidden_size // c.num_attention_heads
+        if c.num_attention_heads > 0 and c.hidden_size % c.num_attention_heads == 0
+        else None
+    ),
+    "num_key_value_heads": lambda c: c.num_attention_heads,  # multi-head attention
+    "residual_size": lambda c: 2 * c.hidden_size,  # D = 2d
+    # the write reads a normalised vector wherever the stream it writes into is normalised
+    "write_norm": lambda c: c.outer_norm,
+    # the write's effective Adam step falls as 1 / width (muP), on the normalised stream only
+    "write_multiplier": lambda c: WRITE_BASE_WIDTH / c.hidden_size if c.outer_norm and c.hidden_size > 0 else 1.0,
+    # tokens enter the normalised stream at the RMS the outer norms keep it at
+    "embedding_multiplier": lambda c: 1.0 / c.initializer_range if c.outer_norm and c.initializer_range > 0 else 1.0,
+    # OLMoE's load-balancing weight; 0 when dense (tools such as TRL read non-zero as "MoE")
+    "router_aux_loss_coef": lambda c: 0.01 if c.num_experts else 0.0,
+    "moe_intermediate_size": lambda c: c.intermediate_size if c.num_experts else None,
+}
 
 # Every saved folder names all its classes, whichever one saved it, so that the folder loads as remote code
 # through any of these Auto classes (transformers only adds the saving class on its own).
@@ -133,26 +170,36 @@ class HiResConfig(PreTrainedConfig):
     skip_scale: float = 1.0  # the outer residual's skip path: r <- Norm(skip_scale * r + write) (DeepNet's alpha)
 
     def __post_init__(self, **kwargs: Any) -> None:
-        heads = self.num_attention_heads
-        if self.head_dim is None and heads > 0 and self.hidden_size % heads == 0:
-            self.head_dim = self.hidden_size // heads  # left None otherwise: validate_attention says why
-        if self.num_key_value_heads is None:
-            self.num_key_value_heads = self.num_attention_heads
-        if self.residual_size is None:
-            self.residual_size = 2 * self.hidden_size
-        if self.write_norm is None:  # the write reads a normalised vector wherever the stream is normalised
-            self.write_norm = self.outer_norm
-        if self.write_multiplier is None:  # the write's effective learning rate falls as 1 / width (muP, Adam)
-            self.write_multiplier = WRITE_BASE_WIDTH / self.hidden_size if self.outer_norm else 1.0
-        if self.embedding_multiplier is None:  # tokens enter the stream at the scale the outer norms keep it at
-            self.embedding_multiplier = 1.0 / self.initializer_range if self.outer_norm else 1.0
-        if self.router_aux_loss_coef is None:  # TRL adds an aux loss whenever this is non-zero
-            self.router_aux_loss_coef = 0.01 if self.num_experts else 0.0
-        if self.num_experts and self.moe_intermediate_size is None:
-            self.moe_intermediate_size = self.intermediate_size
+        # The fields left to None are derived (DERIVED_DEFAULTS), now and whenever another field is assigned.
+        self.__dict__["_derived_fields"] = frozenset(name for name in DERIVED_DEFAULTS if getattr(self, name) is None)
+        self._derive()
         super().__post_init__(**kwargs)
         if getattr(self, "auto_map", None) is None:
             self.auto_map = dict(HUB_AUTO_MAP)
+
+    def _derive(self) -> None:
+        for name in self._derived_fields:
+            super().__setattr__(name, DERIVED_DEFAULTS[name](self))  # not through our __setattr__: stays derived
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Assigning a field re-derives the fields left to their default; assigning a derived field pins it (or,
+        with None, hands it back to the derivation)."""
+        super().__setattr__(name, value)
+        derived = self.__dict__.get("_derived_fields")
+        name = self.attribute_map.get(name, name)
+        if derived is None or name not in self.__dataclass_fields__:
+            return  # still being constructed, or not a field
+        if name in DERIVED_DEFAULTS:
+            self.__dict__["_derived_fields"] = derived | {name} if value is None else derived - {name}
+        self._derive()
+
+    def to_dict(self) -> dict[str, Any]:
+        """transformers' dict, with every derived field as None: wherever the dict is read back (`from_dict`,
+        config.json), those fields are derived again from the values that come with them."""
+        output = super().to_dict()
+        output.pop("_derived_fields", None)
+        output.update(dict.fromkeys(getattr(self, "_derived_fields", ())))
+        return output
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -234,6 +281,12 @@ class HiResConfig(PreTrainedConfig):
 
     def validate_hires_options(self) -> None:
         _require(self.write_mode in WRITE_MODES, "write_mode", self.write_mode, f"one of {WRITE_MODES}")
+        _require(
+            self.initializer_range > 0,
+            "initializer_range",
+            self.initializer_range,
+            "a positive number (the std of the initial weights; the embedding multiplier defaults to its inverse)",
+        )
         _require(
             self.projection_init in PROJECTION_INITS,
             "projection_init",

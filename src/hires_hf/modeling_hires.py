@@ -6,8 +6,8 @@ Where HiRes departs from Llama / OLMoE (everything else is the vanilla layer, un
   `embedding_multiplier` so that tokens enter the wide stream at the scale the outer norms hold it at;
 - layers are grouped into `HiResBlock`s of `layers_per_block` (k) ordinary d-wide PreNorm layers;
 - each block reads its input from the wide stream (`read_proj`, D -> d), writes its output back
-  (`write_proj`, d -> D) through an RMSNorm (`write_norm`) and closes with a PostNorm over D (`outer_norm`):
-  r <- Norm(r + Write(Norm(h)));
+  (`write_proj`, d -> D, times `write_multiplier`) through an RMSNorm (`write_norm`) and closes with a PostNorm
+  over D (`outer_norm`): r <- Norm(skip_scale * r + write_multiplier * Write(Norm(h)));
 - after the last block `read_out` (D -> d) brings the stream back to d for the final norm and the LM head.
 
 Attention, RoPE, the KV cache (d-wide, one entry per layer) and MoE routing are exactly those of the vanilla
@@ -348,8 +348,8 @@ class HiResScaledEmbedding(nn.Embedding):
 
     The outer PostNorms hold the wide stream at RMS ~1; a vanilla-scale embedding (RMS = initializer_range)
     would enter it ~50x smaller than what block 0 writes next to it, and the first outer norm would divide the
-    token identity away (docs/stability.md). The weights keep the vanilla init, so Adam moves them at the
-    vanilla relative speed; the multiplier lives here, not in the model's forward, so that
+    token identity away (HiRes then stalls at the unigram loss). The weights keep the vanilla init, so Adam moves
+    them at the vanilla relative speed; the multiplier lives here, not in the model's forward, so that
     `get_input_embeddings()(ids)` is exactly what the blocks see (`inputs_embeds`).
     """
 
@@ -369,7 +369,8 @@ class HiResBlock(nn.Module):
     """k vanilla layers between a read from and a write into the D-wide stream, closed by a PostNorm over D.
 
     With the outer norm on, the write reads its input through `write_norm`: every projection then reads a
-    normalised vector (docs/stability.md), as every matrix of a PreNorm layer does."""
+    normalised vector, as every matrix of a PreNorm layer does, instead of the raw inner stream whose scale
+    drifts during training."""
 
     def __init__(self, config: HiResConfig, block_idx: int) -> None:
         super().__init__()
@@ -393,7 +394,7 @@ class HiResBlock(nn.Module):
         if self.write_norm is not None:  # the inner stream's scale drifts; the write must not inherit it
             written = self.write_norm(written)
         update = self.write_proj(written)  # (B, T, D)
-        if self.write_multiplier != 1.0:  # Adam's steps on the write shrink with the width (config docs)
+        if self.write_multiplier != 1.0:  # the write's Adam step falls as 1 / width (muP)
             update = update * self.write_multiplier
         residual = (residual if self.skip_scale == 1.0 else residual * self.skip_scale) + update
         return residual if self.outer_norm is None else self.outer_norm(residual)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..configuration_hires import PRESETS
+from ..configuration_hires import PRESETS, HiResConfig
 from ..errors import HiResUserError
 from ..info import load_config
 from .data import Corpus, PackedDataset, load_default_corpus, load_hub_dataset, load_text_files, pack
@@ -35,7 +35,7 @@ def run_train(args: argparse.Namespace) -> int:
     if args.override:
         if pretrained:
             raise HiResUserError("--override changes the architecture; it applies to a preset or a config.json only.")
-        config = type(config).from_dict({**config.to_dict(), **_parse_overrides(args.override, config.to_dict())})
+        config = with_overrides(config, args.override)
     corpus = _load_corpus(args)
     tokenizer = _tokenizer_for(args, config, corpus, output_dir)
     if not pretrained:  # a fresh model names the tokenizer's own special tokens (generation stops on eos)
@@ -90,6 +90,12 @@ def _set_threads(threads: int | None) -> None:
     """Tiny models run fastest on one thread when the CPU is shared (threads spin-wait on each other)."""
     if threads:
         torch.set_num_threads(threads)
+
+
+def with_overrides(config: HiResConfig, items: list[str]) -> HiResConfig:
+    """`config` with `--override FIELD=VALUE` items applied; fields left to their derived default follow them."""
+    fields = config.to_dict()
+    return type(config).from_dict({**fields, **_parse_overrides(items, fields)})
 
 
 def _parse_overrides(items: list[str], fields: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ cases), dense (`tiny`) and MoE (`tiny-moe`), against the single-process model. T
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -25,12 +26,13 @@ from transformers.distributed import DistributedConfig
 from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES, replace_layer_number_by_wildcard
 
 from hires_hf import HiResConfig, HiResForCausalLM
+from hires_hf.cli import main as cli_main
 from tests.distributed_worker import BATCH_ROWS, MODES, one_step, rank_batch
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 PRESETS = ["tiny", "tiny-moe"]
 FORWARD_CASES = [f"{mode}:{preset}" for mode in ("tp", "fsdp", "hsdp") for preset in PRESETS] + ["fsdp-ep:tiny-moe"]
-STEP_CASES = [f"{mode}-step:{preset}" for mode in ("tp", "fsdp") for preset in PRESETS]
+STEP_CASES = [f"{mode}-step:{preset}" for mode in ("tp", "fsdp") for preset in PRESETS] + ["fsdp-ep-step:tiny-moe"]
 REFUSED_CASES = ["pp:tiny", "pp:tiny-moe"]
 LOGITS_ATOL = 1e-5
 LOSS_ATOL = 1e-6
@@ -168,3 +170,58 @@ def test_no_plan_rule_matches_nothing(runs) -> None:
     """transformers warns about every rule that names no module; the plans derived per variant have none."""
     stderr = runs[2]
     assert "match nothing" not in stderr and "were not applied" not in stderr
+
+
+# ------------------------------------------------------------------------------------------ hires-hf train
+TRAIN_ARGS = ["--max-steps", "4", "--max-chars", "200000", "--vocab-size", "512", "--block-size", "32"]
+TRAIN_ARGS += ["--eval-blocks", "8", "--lr", "3e-3", "--threads", "1", "--seed", "0"]
+
+
+@pytest.mark.slow
+def test_train_with_expert_parallelism_matches_one_process(tmp_path: Path, capsys) -> None:
+    """`hires-hf train --fsdp --ep 2` on two processes (MoE experts split, FSDP2 for the rest) reaches the validation
+    loss of one process seeing the same global batches, and saves a plain folder."""
+    single = tmp_path / "single"
+    assert (
+        cli_main(["train", "--model", "tiny-moe", *TRAIN_ARGS, "--batch-size", "8", "--output-dir", str(single)]) == 0
+    )
+    capsys.readouterr()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port"]
+    command += [str(_free_port()), "-m", "hires_hf.cli", "train", "--model", "tiny-moe", *TRAIN_ARGS]
+    command += ["--batch-size", "4", "--fsdp", "--ep", "2", "--tokenizer", str(single / "tokenizer")]
+    command += ["--output-dir", str(tmp_path / "ep")]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+
+    def final_loss(folder: Path) -> float:
+        return json.loads((folder / "train_result.json").read_text())["final_eval_loss"]
+
+    # the router's balance loss is computed per rank on half the batch: close, not identical, to one process's
+    assert final_loss(tmp_path / "ep") == pytest.approx(final_loss(single), abs=2e-4)  # measured 2.4e-5
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "ep" / "model")
+    assert type(model).__name__ == "HiResForCausalLM" and model.config.num_experts == 8
+
+
+@pytest.mark.parametrize(
+    ("flags", "world", "message"),
+    [
+        (["--tp", "2"], "1", "--tp 2 must divide the number of processes (1)"),
+        (["--tp", "2"], "4", "add --fsdp to shard the 2 tensor-parallel groups with FSDP2"),
+        (["--ep", "2"], "2", "--ep 2 needs --fsdp or --tp"),
+        (["--fsdp", "--ep", "3"], "2", "Cannot shard with fsdp_size=2, tp_size=None, ep_size=3"),
+    ],
+    ids=["tp-over-world", "tp-without-fsdp", "ep-alone", "ep-not-dividing"],
+)
+def test_train_refuses_a_layout_it_cannot_run_in_one_line(flags, world, message, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("WORLD_SIZE", world)
+    assert cli_main(["train", *flags, "--output-dir", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and "\n" not in error
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for CPU processes")
+def test_train_refuses_tensor_parallelism_on_cpu(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli_main(["train", "--tp", "2", "--output-dir", str(tmp_path)]) == 2
+    assert "Tensor parallelism in the Trainer needs GPUs" in capsys.readouterr().err

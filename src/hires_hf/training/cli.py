@@ -1,7 +1,9 @@
 """`hires-hf train` and `hires-hf demo`: argument parsing and error messages; the work is in trainer.py / demo.py.
 
-Multi-process: `torchrun --nproc_per_node N -m hires_hf.cli train ...` runs DDP (gloo on CPU); add `--fsdp` for
-native FSDP2 sharding over the N processes.
+Multi-process: `torchrun --nproc_per_node N -m hires_hf.cli train ...` runs DDP (gloo on CPU). transformers' native
+engine shards the model instead: `--fsdp` (FSDP2 over the N processes), `--tp T` (tensor parallelism over T of them,
+FSDP2 over the N / T groups with `--fsdp`), `--ep E` (expert parallelism, MoE; with `--fsdp` or `--tp`). See
+docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from ..info import load_config
 from .data import Corpus, PackedDataset, load_default_corpus, load_hub_dataset, load_text_files, pack
 from .demo import DemoSettings, run_demo
 from .tokenizer import build_tokenizer, encode_documents, load_tokenizer, save_tokenizer, special_token_ids
-from .trainer import TrainSettings, ensure_writable, require_checkpoint, train_model
+from .trainer import TrainSettings, ensure_writable, require_checkpoint, sharding_config, train_model
 
 
 def run_train(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
+    parallel = _parallel_sizes(args, int(os.environ.get("WORLD_SIZE", "1")))
     output_dir = Path(args.output_dir)
     ensure_writable(output_dir)
     if args.resume:
@@ -43,7 +46,6 @@ def run_train(args: argparse.Namespace) -> int:
     train_data = PackedDataset(pack(encode_documents(tokenizer, corpus.train), args.block_size, tokenizer.eos_token_id))
     eval_blocks = pack(encode_documents(tokenizer, corpus.validation), args.block_size, tokenizer.eos_token_id)
     eval_data = PackedDataset(eval_blocks[: args.eval_blocks])
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     settings = TrainSettings(
         max_steps=args.max_steps,
         batch_size=args.batch_size,
@@ -59,7 +61,7 @@ def run_train(args: argparse.Namespace) -> int:
         bf16=args.bf16,
         tf32=args.tf32,
         activation_checkpointing=args.activation_checkpointing,
-        fsdp_size=world if args.fsdp else None,
+        **parallel,
     )
     result = train_model(
         args.model if pretrained else config, tokenizer, train_data, eval_data, settings, output_dir=output_dir
@@ -96,6 +98,26 @@ def with_overrides(config: HiResConfig, items: list[str]) -> HiResConfig:
     """`config` with `--override FIELD=VALUE` items applied; fields left to their derived default follow them."""
     fields = config.to_dict()
     return type(config).from_dict({**fields, **_parse_overrides(items, fields)})
+
+
+def _parallel_sizes(args: argparse.Namespace, world: int) -> dict[str, int | None]:
+    """fsdp_size / tp_size / ep_size for TrainSettings from --fsdp, --tp, --ep and the number of processes."""
+    tp, ep = args.tp or 1, args.ep or 1
+    if tp < 1 or ep < 1:
+        raise HiResUserError(f"--tp and --ep must be positive integers, got --tp {tp} --ep {ep}.")
+    if world % tp:
+        raise HiResUserError(f"--tp {tp} must divide the number of processes ({world}).")
+    if tp > 1 and world > tp and not args.fsdp:
+        raise HiResUserError(
+            f"--tp {tp} on {world} processes: add --fsdp to shard the {world // tp} tensor-parallel groups with FSDP2 "
+            "(transformers' engine does not combine tensor parallelism with DDP)."
+        )
+    if ep > 1 and not (args.fsdp or tp > 1):
+        raise HiResUserError(f"--ep {ep} needs --fsdp or --tp: experts are split over the sharded processes.")
+    sizes = {"fsdp_size": world // tp if args.fsdp else None, "tp_size": tp if tp > 1 else None}
+    sizes["ep_size"] = ep if ep > 1 else None
+    sharding_config(**sizes)  # what the engine or the Trainer cannot do fails now, before any data is read
+    return sizes
 
 
 def _parse_overrides(items: list[str], fields: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +216,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     hw.add_argument("--tf32", action="store_true", help="TF32 matmuls (Ampere+ GPUs)")
     hw.add_argument("--activation-checkpointing", action="store_true", help="recompute activations in backward")
     hw.add_argument("--fsdp", action="store_true", help="shard with native FSDP2 over the torchrun processes")
+    hw.add_argument("--tp", type=int, metavar="T", help="tensor parallelism over T processes (docs/distributed.md)")
+    hw.add_argument("--ep", type=int, metavar="E", help="expert parallelism over E processes (MoE; with --fsdp/--tp)")
     hw.add_argument("--threads", type=int, help="torch CPU threads")
     train.add_argument("--output-dir", default="runs/train", help="checkpoints/, model/, train_result.json")
     train.set_defaults(func=run_train)

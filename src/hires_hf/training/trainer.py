@@ -5,9 +5,10 @@ What this adds to a plain `Trainer`:
 - MoE router losses (load-balancing `aux_loss`, `z_loss`) logged on their own, and validation loss that is the
   language-model loss alone (comparable between dense, MoE and vanilla models);
 - an optional wall-clock budget, agreed by all ranks;
-- multi-process: DDP under `torchrun` (gloo on CPU), or native FSDP2 through transformers'
-  `DistributedConfig(fsdp_size=...)`. Evaluation before training goes through `eval_on_start`, never an
-  `evaluate()` call before `train()`, which would leave multi-process ranks unwrapped and diverging.
+- multi-process: DDP under `torchrun` (gloo on CPU), or transformers' native engine, which shards the model while
+  loading it (`DistributedConfig`): FSDP2, tensor parallelism, expert parallelism (docs/distributed.md).
+  Evaluation before training goes through `eval_on_start`, never an `evaluate()` call before `train()`, which
+  would leave multi-process ranks unwrapped and diverging.
 - the final model (with its tokenizer) written to `<output_dir>/model` via a temporary folder.
 """
 
@@ -35,6 +36,7 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
+from transformers.distributed import DistributedConfig
 from transformers.trainer_utils import get_last_checkpoint
 
 from ..accounting import train_flops_per_token
@@ -175,8 +177,10 @@ class TrainSettings:
     `max_steps` optimizer steps, or fewer if `max_seconds` of wall clock run out. Left as None: `warmup_steps` is
     5% of the steps, `eval_steps` gives ~10 evaluations and `logging_steps` ~50 log rows per run, and
     `flops_per_token` is counted from the model's config. `save_steps=0` writes no checkpoints (`resume` needs
-    them). `fsdp_size` > 1 shards the model with native FSDP2 (under torchrun); otherwise several torchrun
-    processes run DDP. The model and its tokenizer are saved to `<output_dir>/model` unless `save_model=False`.
+    them). Under torchrun, several processes run DDP unless the model is sharded while loading:
+    `fsdp_size` > 1 with FSDP2, `tp_size` > 1 with tensor parallelism (alone, or with FSDP2 over the other
+    processes: world = fsdp_size x tp_size), `ep_size` > 1 with expert parallelism (MoE; dividing
+    fsdp_size x tp_size). The model and its tokenizer are saved to `<output_dir>/model` unless `save_model=False`.
     """
 
     max_steps: int
@@ -196,6 +200,8 @@ class TrainSettings:
     tf32: bool = False
     activation_checkpointing: bool = False
     fsdp_size: int | None = None
+    tp_size: int | None = None
+    ep_size: int | None = None
     progress: bool = True
     save_model: bool = True
 
@@ -203,6 +209,35 @@ class TrainSettings:
     def fsdp(self) -> bool:
         """Shard with FSDP2 (more than one shard asked for)."""
         return bool(self.fsdp_size and self.fsdp_size > 1)
+
+    @property
+    def sharded(self) -> bool:
+        """The model is sharded while loading (FSDP2, TP or EP): built through from_pretrained, never wrapped."""
+        return self.fsdp or (self.tp_size or 1) > 1 or (self.ep_size or 1) > 1
+
+    def distributed_config(self) -> DistributedConfig | None:
+        """transformers' `DistributedConfig` for a sharded run, None for one process or DDP."""
+        return sharding_config(self.fsdp_size, self.tp_size, self.ep_size)
+
+
+def sharding_config(
+    fsdp_size: int | None = None, tp_size: int | None = None, ep_size: int | None = None
+) -> DistributedConfig | None:
+    """The `DistributedConfig` the Trainer can train with, or None (one process, DDP); a layout that cannot be
+    trained fails here in one line, before any data is read or model built."""
+    if max(fsdp_size or 1, tp_size or 1, ep_size or 1) == 1:
+        return None
+    if (tp_size or 1) > 1 and not torch.cuda.is_available():
+        raise HiResUserError(
+            "Tensor parallelism in the Trainer needs GPUs (accelerate refuses it on CPU processes); on CPU use "
+            "--fsdp, or --fsdp --ep for MoE."
+        )
+    try:
+        return DistributedConfig(fsdp_size=fsdp_size, tp_size=tp_size, ep_size=ep_size)
+    except ValueError as error:  # a layout the engine cannot build: one line, naming the sizes
+        raise HiResUserError(
+            f"Cannot shard with fsdp_size={fsdp_size}, tp_size={tp_size}, ep_size={ep_size}: {error}"
+        ) from error
 
 
 def train_model(
@@ -229,7 +264,7 @@ def train_model(
     model = _build_model(model, args, settings, output_dir)
     check_vocab(tokenizer, model.config)
 
-    history = _history(model.config, train_data, settings, args.world_size)
+    history = _history(model.config, train_data, settings, args.world_size // (settings.tp_size or 1))
     trainer = HiResTrainer(
         model=model,
         args=args,
@@ -247,7 +282,7 @@ def train_model(
     seconds = time.perf_counter() - start
 
     model_dir = _save_final(trainer, output_dir / "model") if settings.save_model else None
-    result = _result(trainer, history, seconds, model_dir, fsdp=settings.fsdp)
+    result = _result(trainer, history, seconds, model_dir, sharded=settings.sharded)
     if args.should_save:
         write_json_atomic(output_dir / "train_result.json", result.to_json())
     return result
@@ -266,22 +301,27 @@ def _with_overrides(settings: TrainSettings | None, overrides: dict[str, Any]) -
 
 
 def _history(
-    config: PreTrainedConfig, train_data: Dataset, settings: TrainSettings, world_size: int
+    config: PreTrainedConfig, train_data: Dataset, settings: TrainSettings, data_parallel_size: int
 ) -> HistoryCallback:
-    """The log keeper: tokens per optimizer step (all ranks) and counted FLOPs per token, for every row."""
+    """The log keeper: tokens per optimizer step (all ranks that read their own batches; tensor-parallel ranks
+    share one) and counted FLOPs per token, for every row."""
     block_size = int(train_data[0]["input_ids"].shape[-1])
     flops_per_token = settings.flops_per_token
     if flops_per_token is None:
         flops_per_token = train_flops_per_token(config, block_size)
-    tokens_per_step = settings.batch_size * settings.gradient_accumulation_steps * world_size * block_size
+    tokens_per_step = settings.batch_size * settings.gradient_accumulation_steps * data_parallel_size * block_size
     return HistoryCallback(tokens_per_step, flops_per_token)
 
 
 def _check_run(output_dir: Path, settings: TrainSettings) -> None:
     """Everything that can fail before a model is built: the output folder, and what resuming needs."""
     ensure_writable(output_dir)
-    if settings.resume and settings.fsdp:
-        raise HiResUserError("--resume is not available with FSDP2 (transformers cannot checkpoint its optimizer).")
+    if settings.resume and settings.sharded:
+        raise HiResUserError(
+            "--resume is not available for a model sharded while loading (FSDP2 / TP / EP): transformers cannot "
+            "checkpoint its optimizer."
+        )
+    settings.distributed_config()  # a layout the engine or the Trainer refuses fails here, before a model is built
     if settings.resume:
         require_checkpoint(output_dir)
 
@@ -313,7 +353,7 @@ def _training_arguments(checkpoints: Path, settings: TrainSettings) -> TrainingA
         save_strategy="steps" if settings.save_steps else "no",
         save_steps=settings.save_steps or 500,
         save_total_limit=2,
-        save_only_model=settings.fsdp,  # transformers cannot checkpoint an FSDP2-at-load optimizer
+        save_only_model=settings.sharded,  # transformers cannot checkpoint the optimizer of a sharded-at-load model
         report_to="none",
         seed=settings.seed,
         data_seed=settings.seed,
@@ -334,17 +374,19 @@ def _build_model(
     settings: TrainSettings,
     output_dir: Path,
 ) -> PreTrainedModel:
-    """A fresh seeded model from a config, the model given, or a saved folder; sharded with FSDP2 if asked."""
+    """A fresh seeded model from a config, the model given, or a saved folder; sharded while loading if asked."""
     set_seed(settings.seed)
-    fsdp_size = settings.fsdp_size if settings.fsdp else None
+    distributed = settings.distributed_config()
     if isinstance(spec, PreTrainedModel):
-        if fsdp_size:
-            raise HiResUserError("FSDP2 shards a model while loading it: pass a config or a folder, not a model.")
+        if distributed:
+            raise HiResUserError(
+                "FSDP2 / TP / EP shard a model while loading it: pass a config or a folder, not a model."
+            )
         return spec
     if isinstance(spec, PreTrainedConfig):
-        if not fsdp_size:
+        if not distributed:
             return AutoModelForCausalLM.from_config(spec)
-        folder = output_dir / "init"  # FSDP2 loads through from_pretrained: write the seeded init once
+        folder = output_dir / "init"  # sharding happens in from_pretrained: write the seeded init once
         with args.main_process_first(local=False, desc="initial weights"):
             if args.should_save:
                 AutoModelForCausalLM.from_config(spec).save_pretrained(folder)
@@ -352,11 +394,12 @@ def _build_model(
     folder = Path(spec)
     if not (folder / "config.json").is_file():
         raise HiResUserError(f"{folder} is not a model folder (no config.json).")
-    if not fsdp_size:
+    if not distributed:
         return AutoModelForCausalLM.from_pretrained(folder)
-    from transformers.distributed import DistributedConfig
-
-    model = AutoModelForCausalLM.from_pretrained(folder, distributed_config=DistributedConfig(fsdp_size=fsdp_size))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, distributed_config=distributed)
+    except ValueError as error:  # e.g. ep_size on a dense model: transformers names the missing plan
+        raise HiResUserError(f"Cannot shard {folder} that way: {error}") from error
     if folder == output_dir / "init":
         with args.main_process_first(local=False, desc="clean up initial weights"):
             pass  # every rank has loaded them
@@ -405,7 +448,7 @@ def _plain_model(model: PreTrainedModel) -> PreTrainedModel:
 
 
 def _result(
-    trainer: HiResTrainer, history: HistoryCallback, seconds: float, model_dir: Path | None, *, fsdp: bool
+    trainer: HiResTrainer, history: HistoryCallback, seconds: float, model_dir: Path | None, *, sharded: bool
 ) -> TrainResult:
     """What the run did: losses, tokens and counted FLOPs, parameters, and training throughput (evaluation time
     taken out)."""
@@ -413,7 +456,7 @@ def _result(
     steps = trainer.state.global_step
     tokens = steps * history.tokens_per_step
     flops_per_token = history.flops_per_token
-    params = _global_params(trainer.model) if fsdp else sum(p.numel() for p in trainer.model.parameters())
+    params = _global_params(trainer.model) if sharded else sum(p.numel() for p in trainer.model.parameters())
     train_seconds = max(seconds - trainer.eval_seconds, 1e-9)
     return TrainResult(
         final_eval_loss=evals[-1]["eval_loss"] if evals else float("nan"),
@@ -458,5 +501,6 @@ __all__ = [
     "TrainSettings",
     "ensure_writable",
     "require_checkpoint",
+    "sharding_config",
     "train_model",
 ]

@@ -1,27 +1,23 @@
-"""`python -m benchmarks` / `hires-hf bench`: run the benchmark halves and rewrite RESULTS.md.
+"""`python -m benchmarks` (from the repository root): run the benchmark halves and rewrite RESULTS.md.
 
-Each half saves what it measured under `results/` (cost.json, gpu.json, the quality half's quality.md) and
-the report is then reassembled from everything there, so running one half keeps the others' sections.
-
-The quality half lives in `benchmarks/quality.py` (written separately). Its hook: an optional
-`add_arguments(parser)` to add its flags, and `run(args, results_dir: Path) -> None`, which writes
-`results_dir / "quality.md"` (a section starting `## Quality half`, figures linked as `results/<name>.png`)
-and its PNGs. Until that module exists, `--only quality` says so and the report marks the section not run.
+The benchmarks belong to the repository checkout, not to the installed `hires_hf` package, which never imports
+them. Each half saves what it measured under `results/` (cost.json, gpu.json, the quality half's quality.md)
+and the report is then reassembled from everything there, so running one half keeps the others' sections. The
+quality half is `benchmarks/quality.py`: `add_arguments(parser)` adds its flags, `run(args, results_dir)` writes
+`results_dir / "quality.md"` and its PNGs.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 
 from hires_hf.errors import HiResUserError
 
-from . import report
+from . import quality, report
 from .cost import CostSettings, profile_misses, run_cost
 from .gpu import SHAPES, GpuSettings, run_gpu
 
@@ -33,16 +29,6 @@ def _ints(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(","))
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from error
-
-
-def quality_module() -> ModuleType | None:
-    """The quality half, or None while it is not written."""
-    try:
-        return importlib.import_module("benchmarks.quality")
-    except ModuleNotFoundError as error:
-        if error.name == "benchmarks.quality":
-            return None
-        raise
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,9 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument("--gpu-steps", type=int, default=GpuSettings.steps)
     gpu.add_argument("--peak-tflops", type=float, default=None, help="peak bf16 TFLOP/s, for an unlisted GPU")
 
-    quality = quality_module()
-    if quality is not None and hasattr(quality, "add_arguments"):
-        quality.add_arguments(parser.add_argument_group("quality half"))
+    quality.add_arguments(parser.add_argument_group("quality half"))
 
 
 def cost_settings(args: argparse.Namespace) -> CostSettings:
@@ -161,11 +145,7 @@ def run_bench(args: argparse.Namespace) -> int:
         cost |= {"command": command, "environment": environment, "load_average_end": os.getloadavg()[0]}
         report.save_json(results_dir / "cost.json", cost)
     if "quality" in halves:
-        quality = quality_module()
-        if quality is not None:
-            quality.run(args, results_dir)
-        elif args.only:
-            print("benchmarks: the quality half (benchmarks/quality.py) is not written yet; skipped.", file=sys.stderr)
+        quality.run(args, results_dir)
     if "gpu" in halves:
         gpu = run_gpu(gpu_settings(args), progress=progress)
         gpu |= {"command": command, "environment": report.environment()}
@@ -180,15 +160,6 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(subparsers: argparse._SubParsersAction) -> None:
-    """`hires-hf bench`: the same entry point as `python -m benchmarks`."""
-    parser = subparsers.add_parser(
-        "bench", help="cost / quality / GPU benchmarks of HiRes vs vanilla and peers; rewrites benchmarks/RESULTS.md"
-    )
-    add_arguments(parser)
-    parser.set_defaults(func=run_bench)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
@@ -201,4 +172,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-__all__ = ["add_arguments", "add_parsers", "main", "run_bench"]
+__all__ = ["add_arguments", "main", "run_bench"]

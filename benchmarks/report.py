@@ -29,7 +29,7 @@ MIB = 2**20
 
 # ---------------------------------------------------------------------------------------------- provenance
 def command_line(argv: Sequence[str] | None = None) -> str:
-    """The command as a user would retype it (`python -m benchmarks ...` or `hires-hf bench ...`)."""
+    """The command as a user would retype it (`python -m benchmarks ...`, `python benchmarks/x.py ...`)."""
     argv = list(sys.argv if argv is None else argv)
     program = Path(argv[0]).name if argv else "python"
     if program == "__main__.py":
@@ -303,7 +303,7 @@ def write_results(benchmarks_dir: Path = BENCHMARKS_DIR) -> Path:
         "# HiRes benchmarks",
         "",
         "Written by `benchmarks/report.py` from the measurements under `benchmarks/results/`; do not edit by hand, "
-        "rerun `python -m benchmarks` (or `hires-hf bench`) from the repository root. Timings on a shared CPU "
+        "rerun `python -m benchmarks` from the repository root. Timings on a shared CPU "
         "are noisy: read the ratios with their spread.",
         "",
         "The quality half, `ladder_k4` and `lr_sensitivity` were measured before the stability fix "

@@ -100,13 +100,13 @@ def test_tiny_cost_run_counts_what_the_accounting_predicts_and_writes_a_report(t
 
 
 def test_bench_command_skips_gpu_without_cuda_and_rejects_bad_blocks(tmp_path, capsys):
-    from hires_hf.cli import main
+    from benchmarks.cli import main  # `python -m benchmarks`
 
-    assert main(["bench", "--only", "cost", "--layers", "6", "--layers-per-block", "4"]) == 2
+    assert main(["--only", "cost", "--layers", "6", "--layers-per-block", "4"]) == 2
     assert "does not divide" in capsys.readouterr().err
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the GPU section would run for real")
-    assert main(["bench", "--only", "gpu", "--output-dir", str(tmp_path), "--quiet"]) == 0
+    assert main(["--only", "gpu", "--output-dir", str(tmp_path), "--quiet"]) == 0
     assert "no CUDA device" in (tmp_path / "RESULTS.md").read_text()
 
 

@@ -1,6 +1,9 @@
 """The `hires-hf` command line: commands registered, bad input reported in one line with exit code 2."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,7 +45,7 @@ def test_invalid_config_file_reports_the_field(tmp_path, capsys) -> None:
     assert "layers_per_block=3" in capsys.readouterr().err
 
 
-# Every command the README documents; `bench` comes from the checkout's benchmarks/ (the tests run from its root).
+# Every command the README documents (the benchmarks are the checkout's `python -m benchmarks`, not a command).
 COMMANDS = {
     "info",
     "convert",
@@ -54,7 +57,6 @@ COMMANDS = {
     "scaling",
     "inspect",
     "publish",
-    "bench",
 }
 
 
@@ -70,10 +72,26 @@ def test_every_command_is_there_with_a_handler() -> None:
 
 
 def test_a_command_module_that_fails_to_import_is_not_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A broken import inside the package raises; only a missing benchmarks/ checkout is skipped."""
+    """A broken import inside the package raises instead of quietly dropping its commands."""
     monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES, "hires_hf.no_such_commands"))
     with pytest.raises(ModuleNotFoundError, match=r"hires_hf\.no_such_commands"):
         build_parser()
-    monkeypatch.setattr(cli, "COMMAND_MODULES", cli.COMMAND_MODULES[:-1])
-    monkeypatch.setattr(cli, "CHECKOUT_COMMAND_MODULES", ("no_checkout_here.cli",))
-    assert set(_subcommands(build_parser())) == COMMANDS - {"bench"}
+
+
+PROBE = (
+    "import sys; from hires_hf.cli import build_parser; parser = build_parser(); "
+    "commands = next(a for a in parser._actions if a.dest == 'command').choices; "
+    "print(sorted(commands), any(name.split('.')[0] == 'benchmarks' for name in sys.modules))"
+)
+
+
+def test_the_command_line_is_the_same_from_any_directory(tmp_path) -> None:
+    """The installed package never looks at the current directory: from the checkout's root (where `benchmarks`
+    is importable) and from elsewhere, the same commands, and the checkout's benchmarks are never imported."""
+    root = Path(__file__).resolve().parents[1]
+    outputs = [
+        subprocess.run([sys.executable, "-c", PROBE], cwd=cwd, capture_output=True, text=True, check=True).stdout
+        for cwd in (root, tmp_path)
+    ]
+    assert outputs[0] == outputs[1]
+    assert outputs[0].rstrip().endswith("False"), outputs[0]

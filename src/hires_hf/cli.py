@@ -11,7 +11,6 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from huggingface_hub.errors import StrictDataclassError
 
@@ -28,25 +27,14 @@ COMMAND_MODULES = (
     "hires_hf.diagnostics.cli",
     "hires_hf.publish",
 )
-# `benchmarks/` belongs to the repository checkout, not the installed package: `hires-hf bench` exists only there.
-CHECKOUT_COMMAND_MODULES = ("benchmarks.cli",)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    if (Path.cwd() / "benchmarks" / "cli.py").is_file() and str(Path.cwd()) not in sys.path:
-        sys.path.append(str(Path.cwd()))  # find the checkout's benchmarks from its root
+    """Every `hires-hf` command; the same wherever it runs (benchmarks are the checkout's `python -m benchmarks`)."""
     parser = argparse.ArgumentParser(prog="hires-hf", description="HiRes (Hierarchical Residuals) for transformers")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parsers(subparsers)
-    for name in CHECKOUT_COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as error:
-            if error.name not in (name, name.split(".")[0]):
-                raise  # the checkout is there but something it imports is not: show it
-            continue  # an installed package without the checkout
-        module.add_parsers(subparsers)
     return parser
 
 

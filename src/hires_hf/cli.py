@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "hires_hf.conversion.cli",
     "hires_hf.training.cli",
     "hires_hf.training.ladder_cli",
+    "hires_hf.experiments.cli",
     "hires_hf.eval.cli",
     "hires_hf.diagnostics.cli",
     "hires_hf.publish",

@@ -41,6 +41,8 @@ from ..training.tokenizer import build_tokenizer, encode_documents, special_toke
 from ..twins import scale_twin_embedding, vanilla_config
 
 HIRES, CONTROL, PLAIN = "hires", "control", "plain"
+SPECIAL_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+FIELDS = set(HiResConfig.__dataclass_fields__) - {"model_type", "transformers_version"}  # a shape's carry-over
 LR_STEP = 2.0  # grid spacing (x2) and the step of each extension
 MAX_EXTENSIONS = 3  # per side: a best rate still at an edge after these is flagged, not hidden
 
@@ -57,6 +59,24 @@ class Shape:
     head_dim: int = 64
     vocab_size: int = 4096
     intermediate_size: int | None = None  # None: ~8d/3 rounded up to a multiple of 8
+    overrides: tuple[tuple[str, Any], ...] = ()  # further HiResConfig fields (a user's config), applied last
+
+    @classmethod
+    def from_config(cls, config: HiResConfig) -> Shape:
+        """The shape of a given HiRes config: every field it sets is kept, but for the tokenizer's ids and the
+        context, which the data decide."""
+        decided_by_data = {*SPECIAL_FIELDS, "max_position_embeddings", "vocab_size"}
+        kept = {k: v for k, v in config.to_diff_dict().items() if k not in decided_by_data and k in FIELDS}
+        return cls(
+            hidden_size=config.hidden_size,
+            num_hidden_layers=config.num_hidden_layers,
+            layers_per_block=config.layers_per_block,
+            residual_ratio=config.residual_size / config.hidden_size,
+            head_dim=config.head_dim,
+            vocab_size=config.vocab_size,
+            intermediate_size=config.intermediate_size,
+            overrides=tuple(sorted(kept.items())),
+        )
 
     @classmethod
     def parse(cls, text: str, **fields: Any) -> Shape:
@@ -86,7 +106,7 @@ class Shape:
             residual_size=round(self.residual_ratio * d),
             layers_per_block=self.layers_per_block,
         )
-        return HiResConfig(**{**base, **special, **fields})
+        return HiResConfig(**{**base, **dict(self.overrides), **special, **fields})
 
 
 # ---------------------------------------------------------------------------------------------------- data
@@ -126,13 +146,14 @@ def prepare_data(
     max_chars: int | None = 12_000_000,
     validation_fraction: float = 0.01,
     eval_blocks: int = 64,
+    progress: bool = True,
 ) -> Data:
     """One corpus, one tokenizer trained on its training split, packed blocks, a fixed validation slice."""
     corpus = load_corpus(source, max_chars, validation_fraction)
     tokenizer = build_tokenizer(corpus.train, vocab_size=vocab_size, sample_chars=2_000_000)
     eos = tokenizer.eos_token_id
-    train = pack(encode_documents(tokenizer, corpus.train), context, eos)
-    validation = pack(encode_documents(tokenizer, corpus.validation), context, eos)[:eval_blocks]
+    train = pack(encode_documents(tokenizer, corpus.train, progress=progress), context, eos)
+    validation = pack(encode_documents(tokenizer, corpus.validation, progress=progress), context, eos)[:eval_blocks]
     if len(train) == 0 or len(validation) == 0:
         raise HiResUserError(
             f"Too little text in {source}: {len(train)} training and {len(validation)} validation blocks of "

@@ -120,12 +120,15 @@ def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int | Non
 
 
 def encode_documents(
-    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], desc: str = "tokenize"
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], desc: str = "tokenize", progress: bool = True
 ) -> list[list[int]]:
     """Token ids of each document, no special tokens (packing adds the separators)."""
     ids: list[list[int]] = []
     chunk = 64
-    for start in tqdm(range(0, len(texts), chunk), desc=desc, unit="docs", unit_scale=chunk, leave=False):
+    chunks = tqdm(
+        range(0, len(texts), chunk), desc=desc, unit="docs", unit_scale=chunk, leave=False, disable=not progress
+    )
+    for start in chunks:
         ids.extend(tokenizer(list(texts[start : start + chunk]), add_special_tokens=False)["input_ids"])
     return ids
 

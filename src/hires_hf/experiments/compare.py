@@ -1,0 +1,338 @@
+"""`hires-hf compare`: does HiRes pay on *your* data, at *your* budget, against the best simple vanilla?
+
+HiRes (the config you give) and the control (its Llama twin with HiRes's embedding scale; with `--plain-twin`
+also the plain twin) train on your data at the same counted training FLOPs per run, each over its own
+learning-rate grid extended until its best rate is bracketed, then more seeds at each best rate. The verdict
+compares the means at the best rates against the seed spread, and says how many FLOPs the winner needed to reach
+the loser's final loss. Under `--out`: `compare.json` (verdict and every run), `loss_vs_flops.png`, and each
+architecture's best model as a folder `AutoModelForCausalLM.from_pretrained` loads (with the tokenizer).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..configuration_hires import PRESETS, HiResConfig
+from ..errors import HiResUserError
+from ..io import write_json_atomic
+from ..training.loop import pick_device, time_train_step
+from ..training.tokenizer import save_tokenizer
+from .harness import (
+    CONTROL,
+    HIRES,
+    PLAIN,
+    Arm,
+    Budget,
+    Data,
+    Run,
+    Shape,
+    best_run,
+    control_multiplier,
+    loss_at_flops,
+    prepare_data,
+    sweep_rates,
+    train_run,
+)
+
+DEFAULT_RATES = (1e-3, 2e-3, 4e-3)
+RUNS_PER_ARM = 4  # the planning guess for a grid of three plus one extension
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    """What `hires-hf compare` does; the CLI fills it from its flags."""
+
+    data: tuple[str, ...] = ("stdlib",)
+    model: str = "ladder-2"
+    budget_minutes: float | None = 10.0  # wall clock for the whole comparison (all runs, all arms)
+    budget_flops: float | None = None  # or: counted training FLOPs per run
+    rates: tuple[float, ...] = DEFAULT_RATES
+    seeds: int = 1
+    plain_twin: bool = False
+    context: int = 128
+    batch_size: int = 16
+    max_chars: int | None = 12_000_000
+    eval_blocks: int = 64
+    evaluations: int = 8
+    device: str = "auto"
+    threads: int | None = None
+    smoke: bool = False
+
+
+@dataclass
+class ArmResult:
+    """Every run of one architecture, its best rate and the seeds at that rate."""
+
+    arm: str
+    runs: list[Run] = field(default_factory=list)
+    bracket: str = ""
+
+    @property
+    def best_lr(self) -> float:
+        return best_run([r for r in self.runs if r.seed == 0]).lr
+
+    @property
+    def at_best(self) -> list[Run]:
+        return sorted((r for r in self.runs if r.lr == self.best_lr), key=lambda r: r.seed)
+
+    @property
+    def mean(self) -> float:
+        losses = [r.final_loss for r in self.at_best]
+        return sum(losses) / len(losses)
+
+    @property
+    def spread(self) -> float:
+        """Half the range of the seeds' final losses at the best rate (0 with one seed)."""
+        losses = [r.final_loss for r in self.at_best]
+        return (max(losses) - min(losses)) / 2
+
+
+def load_hires_config(model: str) -> HiResConfig:
+    """A preset name or a config.json / model folder; anything that is not a HiRes config is refused."""
+    if model in PRESETS:
+        return HiResConfig.from_preset(model)
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise HiResUserError(
+            f"--model {model!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a config.json / model folder."
+        )
+    try:
+        fields = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise HiResUserError(f"{path} is not valid JSON ({error.msg}, line {error.lineno}).") from None
+    kind = fields.get("model_type") if isinstance(fields, dict) else None
+    if kind != "hires":
+        raise HiResUserError(
+            f"{path} is a {kind or 'non-model'} config, not HiRes (model_type 'hires'): convert the model with "
+            "`hires-hf convert` or give a HiRes preset."
+        )
+    return HiResConfig.from_dict(fields)
+
+
+def arms_for(plain_twin: bool) -> list[Arm]:
+    arms = [Arm("hires", HIRES), Arm("control", CONTROL)]
+    return [*arms, Arm("plain-twin", PLAIN)] if plain_twin else arms
+
+
+def plan_budget(
+    settings: CompareSettings, shape: Shape, data: Data, arms: Sequence[Arm], device: torch.device
+) -> Budget:
+    """Counted FLOPs per run: given, or what the wall-clock budget buys at the control's measured speed spread
+    over the runs the comparison expects (RUNS_PER_ARM per arm, plus the extra seeds)."""
+    control = next(a for a in arms if a.kind == CONTROL)
+    tokens_per_step = settings.batch_size * data.context
+    step_flops = control.flops_per_token(shape, data) * tokens_per_step
+    if settings.budget_flops is not None:
+        flops = settings.budget_flops
+    else:
+        seconds = time_train_step(control.config(shape, data), settings.batch_size, data.context, device)
+        runs = len(arms) * (RUNS_PER_ARM + settings.seeds - 1)
+        flops = settings.budget_minutes * 60 / runs / seconds * step_flops
+    budget = Budget(flops=flops, batch_size=settings.batch_size)
+    for arm in arms:
+        if budget.steps(arm.flops_per_token(shape, data), data.context) < 1:
+            need = arm.flops_per_token(shape, data) * tokens_per_step
+            raise HiResUserError(
+                f"The budget ({flops:.3g} FLOPs a run) buys less than one step of {arm.name} ({need:.3g} FLOPs): "
+                "raise --budget-minutes / --budget-flops, or lower --batch-size / --context."
+            )
+    return budget
+
+
+def verdict(results: dict[str, ArmResult]) -> dict[str, Any]:
+    """Which of HiRes and the control wins, by how much, against the seed spread; the FLOPs multiplier."""
+    hires, control = results["hires"], results["control"]
+    gap = hires.mean - control.mean  # negative: HiRes is better
+    noise = hires.spread + control.spread
+    winner, loser = (hires, control) if gap < 0 else (control, hires)
+    seeds = len(hires.at_best)
+    if abs(gap) <= noise:
+        line = f"HiRes and the control are within seed noise: {gap:+.3f} nats (spread ±{noise:.3f}, {seeds} seeds)."
+    else:
+        who = "HiRes beats" if gap < 0 else "HiRes trails"
+        line = f"{who} the control by {abs(gap):.3f} nats (mean of {seeds} seed(s) at each one's best rate"
+        line += f"; seed spread ±{noise:.3f})." if seeds > 1 else "; one seed: run --seeds 2 for a spread)."
+    multiplier = flops_multiplier(winner.at_best, loser.mean)
+    if multiplier is not None and abs(gap) > noise:
+        line += f" {winner.arm} reaches {loser.arm}'s final loss with {multiplier:.2f}x the FLOPs."
+    return {
+        "line": line,
+        "gap": gap,
+        "noise": noise,
+        "winner": winner.arm if abs(gap) > noise else None,
+        "flops_multiplier": multiplier,
+    }
+
+
+def flops_multiplier(runs: Sequence[Run], target: float) -> float | None:
+    """Share of its budget the (seed-averaged) `runs` need to first reach `target` loss; None if never."""
+    points = [f for f, _ in runs[0].curve if f > 0]
+    for low, high in itertools.pairwise(points):
+        mean_high = sum(loss_at_flops(r, high) for r in runs) / len(runs)
+        if mean_high <= target:
+            mean_low = sum(loss_at_flops(r, low) for r in runs) / len(runs)
+            t = (mean_low - target) / max(mean_low - mean_high, 1e-12)
+            return math.exp(math.log(low) + t * (math.log(high) - math.log(low))) / points[-1]
+    first = sum(loss_at_flops(r, points[0]) for r in runs) / len(runs)
+    return points[0] / points[-1] if first <= target else None
+
+
+def save_model(model: nn.Module, arm: Arm, shape: Shape, data: Data, folder: Path) -> None:
+    """A loadable folder; the control's embedding scale is folded into its weights (Llama has no multiplier)."""
+    if arm.kind == CONTROL:
+        embedding = model.get_input_embeddings()
+        embedding._forward_hooks.clear()  # the scale moves from the hook into the weights
+        scale = control_multiplier(arm.hires_config(shape, data))
+        if model.config.tie_word_embeddings:
+            model.config.tie_word_embeddings = False
+            model.lm_head.weight = nn.Parameter(embedding.weight.detach().clone())
+        embedding.weight.data.mul_(scale)
+    model.save_pretrained(folder)
+    save_tokenizer(data.tokenizer, folder, model_max_length=data.context)
+
+
+def compare(settings: CompareSettings, out: Path | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run the comparison; write `out` whole (a temporary folder renamed at the end) when given."""
+    if out is not None and out.exists() and any(out.iterdir()):
+        raise HiResUserError(f"--out {out} exists and is not empty: choose a new folder.")
+    if settings.seeds < 1:
+        raise HiResUserError(f"--seeds must be at least 1; got {settings.seeds}.")
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    config = load_hires_config(settings.model)
+    shape = Shape.from_config(config)
+    device = pick_device(settings.device)
+    data = prepare_data(
+        settings.data if len(settings.data) > 1 else settings.data[0],
+        config.vocab_size,
+        settings.context,
+        settings.max_chars,
+        eval_blocks=settings.eval_blocks,
+        progress=progress,
+    )
+    arms = arms_for(settings.plain_twin)
+    budget = plan_budget(settings, shape, data, arms, device)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".compare-", dir=(out.parent if out else None)))
+    try:
+        results = _train_all(settings, shape, data, arms, budget, device, staging, progress)
+        summary = _summary(settings, shape, data, budget, results)
+        if out is not None:
+            write_json_atomic(staging / "compare.json", summary)
+            plot(results, staging / "loss_vs_flops.png", summary["verdict"]["line"])
+            for name in results:
+                shutil.move(staging / "runs" / name / "best", staging / name)
+            shutil.rmtree(staging / "runs")
+            if out.exists():
+                out.rmdir()
+            staging.rename(out)
+        return summary
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _train_all(
+    settings: CompareSettings,
+    shape: Shape,
+    data: Data,
+    arms: Sequence[Arm],
+    budget: Budget,
+    device: torch.device,
+    staging: Path,
+    progress: bool,
+) -> dict[str, ArmResult]:
+    results = {arm.name: ArmResult(arm.name) for arm in arms}
+    planned = len(arms) * (len(settings.rates) + settings.seeds - 1)
+    with tqdm(total=planned, desc="compare", unit="run", disable=not progress, dynamic_ncols=True) as bar:
+        for arm in arms:
+            result = results[arm.name]
+
+            def train(lr: float, seed: int = 0, arm: Arm = arm, result: ArmResult = result) -> Run:
+                bar.set_postfix_str(f"{arm.name} lr={lr:g} seed={seed}")
+                folder = staging / "runs" / arm.name / f"lr{lr:g}-seed{seed}"
+                keep = (lambda model: save_model(model, arm, shape, data, folder)) if seed == 0 else None
+                run = train_run(arm, lr, shape, data, budget, seed, device, settings.evaluations, keep=keep)
+                result.runs.append(run)
+                bar.total = max(bar.total, bar.n + 1)
+                bar.update(1)
+                return run
+
+            _, result.bracket = sweep_rates(train, settings.rates)
+            for seed in range(1, settings.seeds):
+                train(result.best_lr, seed)
+            best = staging / "runs" / arm.name / f"lr{result.best_lr:g}-seed0"
+            best.rename(staging / "runs" / arm.name / "best")
+    return results
+
+
+def _summary(
+    settings: CompareSettings, shape: Shape, data: Data, budget: Budget, results: dict[str, ArmResult]
+) -> dict[str, Any]:
+    return {
+        "verdict": verdict(results),
+        "arms": {
+            name: {
+                "best_lr": r.best_lr,
+                "bracket": r.bracket,
+                "mean_loss": r.mean,
+                "spread": r.spread,
+                "seeds": len(r.at_best),
+            }
+            for name, r in results.items()
+        },
+        "runs": [run.to_json() for r in results.values() for run in r.runs],
+        "budget_flops_per_run": budget.flops,
+        "data": {"source": data.source, "context": data.context, "unigram_loss": data.unigram_loss},
+        "settings": {k: v for k, v in vars(settings).items()},
+        "shape": shape.name,
+    }
+
+
+def table(summary: dict[str, Any]) -> str:
+    """The arms side by side, as printed at the end."""
+    lines = ["| arm | best lr | bracket | final loss (mean) | seed spread |", "|---|---:|---|---:|---:|"]
+    for name, arm in summary["arms"].items():
+        flag = "" if arm["bracket"] == "bracketed" else " ⚠ (extend --lrs)"
+        lines.append(
+            f"| {name} | {arm['best_lr']:g} | {arm['bracket']}{flag} | {arm['mean_loss']:.3f} | ±{arm['spread']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, ArmResult], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"hires": "tab:red", "control": "black", "plain-twin": "tab:gray"}
+    fig, axis = plt.subplots(figsize=(8, 5))
+    for name, result in results.items():
+        for run in result.at_best:
+            flops, losses = zip(*[(f, loss) for f, loss in run.curve if f > 0], strict=True)
+            label = f"{name} (lr {run.lr:g})" if run.seed == 0 else None
+            axis.plot(flops, losses, color=colours.get(name), linestyle="-" if run.seed == 0 else "--", label=label)
+    axis.set(xscale="log", xlabel="counted training FLOPs", ylabel="validation loss (nats)")
+    axis.set_title(title, fontsize=8, wrap=True)
+    axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+__all__ = ["CompareSettings", "compare", "load_hires_config", "table", "verdict"]

@@ -1,0 +1,149 @@
+"""`hires-hf compare` and the experiment harness under it: what a user asking "does HiRes pay on my data?"
+relies on — the learning-rate grid brackets each architecture's best, every arm gets the same counted FLOPs,
+the saved best models are the trained ones, and bad input is one line with nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from hires_hf import HiResConfig
+from hires_hf.cli import main
+from hires_hf.experiments.harness import (
+    CONTROL,
+    Arm,
+    Budget,
+    Run,
+    Shape,
+    bracket_status,
+    prepare_data,
+    sweep_rates,
+)
+from hires_hf.training.loop import evaluate
+
+
+def _fake_run(lr: float, best: float) -> Run:
+    """A run whose final loss is a parabola in log-rate with its minimum at `best`."""
+    loss = 3.0 + (math.log2(lr) - math.log2(best)) ** 2
+    return Run("arm", lr, 0, 1, 1.0, loss, [(1.0, loss)], 0.0, 0.0, False)
+
+
+@pytest.mark.parametrize(
+    ("best", "tried", "status"),
+    [
+        (4e-3, [2e-3, 4e-3, 8e-3], "bracketed"),
+        (2e-2, [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2], "bracketed"),  # extended upwards until the best is inside
+        (1e-3, [5e-4, 1e-3, 2e-3, 4e-3, 8e-3], "bracketed"),  # and downwards
+        (1.0, [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2], "high edge"),  # out of reach: flagged, not hidden
+    ],
+    ids=["inside", "above", "below", "unreachable"],
+)
+def test_the_grid_extends_until_the_best_rate_is_bracketed(best, tried, status):
+    trained: list[float] = []
+
+    def train(lr: float) -> Run:
+        trained.append(lr)
+        return _fake_run(lr, best)
+
+    runs, found = sweep_rates(train, [2e-3, 4e-3, 8e-3])
+    assert sorted(trained) == pytest.approx(tried)
+    assert [run.lr for run in runs] == pytest.approx(tried)
+    assert found == status == bracket_status({run.lr: run.final_loss for run in runs})
+
+
+def test_every_arm_gets_the_same_counted_flops_hires_in_fewer_steps():
+    data = prepare_data("stdlib", 300, 32, max_chars=100_000, validation_fraction=0.05, eval_blocks=4)
+    shape = Shape(hidden_size=32, num_hidden_layers=4, layers_per_block=2, head_dim=16, vocab_size=300)
+    arms = [Arm("hires"), Arm("control", CONTROL), Arm("D=4d", fields={"residual_ratio": 4.0})]
+    budget = Budget(flops=2e9, batch_size=4)
+    spent = {}
+    for arm in arms:
+        per_step = arm.flops_per_token(shape, data) * budget.batch_size * data.context
+        steps = budget.steps(arm.flops_per_token(shape, data), data.context)
+        spent[arm.name] = (steps, steps * per_step)
+        assert budget.flops - per_step < steps * per_step <= budget.flops  # as many whole steps as fit
+    assert spent["control"][0] > spent["hires"][0] > spent["D=4d"][0]
+    assert arms[2].config(shape, data).residual_size == 128
+
+
+def test_a_users_config_keeps_its_fields_and_a_factor_changes_only_its_own():
+    config = HiResConfig.from_preset("tiny", write_mode="delta", num_key_value_heads=1)
+    shape = Shape.from_config(config)
+    special = {"pad_token_id": 0, "bos_token_id": None, "eos_token_id": 0}
+    rebuilt = shape.config(special, 64)
+    assert (rebuilt.write_mode, rebuilt.num_key_value_heads, rebuilt.residual_size) == ("delta", 1, 128)
+    wider = shape.config(special, 64, residual_size=256)
+    assert (wider.residual_size, wider.write_mode, wider.hidden_size) == (256, "delta", 64)
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare") / "result"
+    code = main(["compare", "--model", "tiny", "--smoke", "--seeds", "2", "--quiet", "--out", str(out)])
+    assert code == 0
+    return out, json.loads((out / "compare.json").read_text())
+
+
+def test_compare_writes_a_verdict_every_run_a_plot_and_the_best_models(compared, capsys):
+    out, summary = compared
+    assert {"hires", "control"} == set(summary["arms"])
+    for name, arm in summary["arms"].items():
+        runs = [r for r in summary["runs"] if r["arm"] == name]
+        assert {r["lr"] for r in runs if r["seed"] == 0} >= {2e-3, 4e-3}
+        assert sorted(r["seed"] for r in runs if r["lr"] == arm["best_lr"]) == [0, 1]
+        best = min((r for r in runs if r["seed"] == 0), key=lambda r: r["final_loss"])
+        assert arm["best_lr"] == best["lr"]
+    verdict = summary["verdict"]
+    assert verdict["gap"] == pytest.approx(
+        summary["arms"]["hires"]["mean_loss"] - summary["arms"]["control"]["mean_loss"]
+    )
+    assert (out / "loss_vs_flops.png").stat().st_size > 10_000
+    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "control", "hires", "loss_vs_flops.png"]
+
+
+def test_the_saved_best_models_are_the_trained_ones_control_scale_included(compared):
+    out, summary = compared
+    data = prepare_data("stdlib", 512, 32, max_chars=200_000, eval_blocks=4)
+    for name in ("hires", "control"):
+        model = AutoModelForCausalLM.from_pretrained(out / name)
+        best = next(
+            r
+            for r in summary["runs"]
+            if r["arm"] == name and r["seed"] == 0 and r["lr"] == summary["arms"][name]["best_lr"]
+        )
+        assert evaluate(model, data.validation, 16) == pytest.approx(best["final_loss"], abs=1e-4)
+
+
+def test_compare_on_a_users_jsonl(tmp_path, capsys):
+    rows = [{"text": f"def f{i}(x):\n    return x * {i} + {i % 7}\n" * 20} for i in range(300)]
+    data = tmp_path / "mine.jsonl"
+    data.write_text("\n".join(json.dumps(row) for row in rows))
+    assert main(["compare", "--data", str(data), "--model", "tiny", "--smoke", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "| hires |" in printed and "| control |" in printed
+    assert any(word in printed.splitlines()[-1] for word in ("beats", "trails", "within seed noise"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--data", "no/such/file.jsonl"], "no/such/file.jsonl"),
+        (["--budget-flops", "1"], "less than one step"),
+        (["--model", "LLAMA"], "not HiRes"),
+        (["--model", "no-such-preset"], "neither a preset"),
+    ],
+    ids=["no-data", "budget-too-small", "not-hires", "unknown-model"],
+)
+def test_bad_input_is_one_line_and_leaves_nothing(args, message, tmp_path, capsys):
+    llama = tmp_path / "llama"
+    LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2).save_pretrained(llama)
+    args = [str(llama) if a == "LLAMA" else a for a in args]
+    out = tmp_path / "out"
+    assert main(["compare", "--model", "tiny", "--smoke", "--quiet", "--out", str(out), *args]) == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and len(error.splitlines()) == 1
+    assert not out.exists()
+    assert not list(tmp_path.glob(".compare-*"))

@@ -31,8 +31,10 @@ from tests.distributed_worker import BATCH_ROWS, MODES, one_step, rank_batch
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 PRESETS = ["tiny", "tiny-moe"]
-FORWARD_CASES = [f"{mode}:{preset}" for mode in ("tp", "fsdp", "hsdp") for preset in PRESETS] + ["fsdp-ep:tiny-moe"]
-STEP_CASES = [f"{mode}-step:{preset}" for mode in ("tp", "fsdp") for preset in PRESETS] + ["fsdp-ep-step:tiny-moe"]
+DENSE_AND_MOE_MODES = ("tp", "tp-sharded-projections", "fsdp", "hsdp")
+FORWARD_CASES = [f"{mode}:{preset}" for mode in DENSE_AND_MOE_MODES for preset in PRESETS] + ["fsdp-ep:tiny-moe"]
+STEP_CASES = [f"{mode}-step:{preset}" for mode in ("tp", "fsdp") for preset in PRESETS]
+STEP_CASES += ["fsdp-ep-step:tiny-moe", "tp-sharded-projections-step:tiny"]
 REFUSED_CASES = ["pp:tiny", "pp:tiny-moe"]
 LOGITS_ATOL = 1e-5
 LOSS_ATOL = 1e-6
@@ -139,6 +141,28 @@ def test_logits_match_the_single_process_model(runs, case: str) -> None:
         logits = _result(out, case, rank)["logits"]
         expected = rank_batch(references[preset], rank, 2, data_parallel)
         torch.testing.assert_close(logits, expected, atol=LOGITS_ATOL, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", PRESETS)
+def test_tensor_parallelism_splits_the_layers_and_the_embedding_and_replicates_the_projections(runs, preset):
+    """The default plan (docs/distributed.md): layers, the V x D embedding and the head split; read / write /
+    read-out whole on every rank unless the user's tp_plan override splits them too."""
+    out = runs[0]
+    split = _result(out, f"tp:{preset}", 0)["split"]
+    assert "model.embed_tokens.weight" in split and "lm_head.weight" in split
+    assert "model.blocks.0.layers.0.self_attn.q_proj.weight" in split
+    assert not [name for name in split if "read_proj" in name or "write_proj" in name or "read_out" in name]
+    split = _result(out, f"tp-sharded-projections:{preset}", 0)["split"]
+    for name in ("model.blocks.1.read_proj.weight", "model.blocks.1.write_proj.weight", "model.read_out.weight"):
+        assert name in split
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", PRESETS)
+def test_fsdp_gathers_a_layer_at_a_time(runs, preset: str) -> None:
+    units = set(_result(runs[0], f"fsdp:{preset}", 0)["fsdp_units"])
+    assert {"model.embed_tokens", "model.blocks.1.layers.1", "model.blocks.1", "model.read_out", "lm_head"} <= units
 
 
 @pytest.mark.slow

@@ -110,8 +110,11 @@ class HiResConfig(PreTrainedConfig):
     # Module names are the real ones of modeling_hires.py: layers live inside blocks. The tensor- and
     # expert-parallel plans depend on the variant (dense or MoE, which q/k norm): `base_model_tp_plan` and
     # `base_model_ep_plan` are properties, below, so that a plan never names a module the model lacks.
+    # FSDP2 gathers one unit at a time: a decoder layer, then its block's own read / write / norms (not a whole
+    # block, which for OLMoE-1B-7B would be four 420M-parameter MoE layers at once).
     base_model_fsdp_plan = {
         "embed_tokens": "free_full_weight",
+        "blocks.*.layers.*": "free_full_weight",
         "blocks.*": "free_full_weight",
         "read_out": "keep_full_weight",
         "norm": "keep_full_weight",

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from huggingface_hub.errors import StrictDataclassError
 from transformers import PreTrainedConfig
 
 from .configuration_hires import HiResConfig
 from .errors import HiResUserError
-from .twins import num_experts
+from .twins import hires_layer_fields
 
 
 @dataclass(frozen=True)
@@ -116,23 +117,10 @@ def train_flops_per_token(config: PreTrainedConfig, seq_len: int) -> float:
 
 def _as_hires_shape(config: PreTrainedConfig) -> HiResConfig:
     """The HiRes config whose vanilla layers are those of a Llama / Qwen3 / OLMoE config (for FLOP counting)."""
-    experts = num_experts(config)
     try:
-        return HiResConfig(
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            num_hidden_layers=config.num_hidden_layers,
-            num_attention_heads=config.num_attention_heads,
-            num_key_value_heads=config.num_key_value_heads,
-            head_dim=getattr(config, "head_dim", None),
-            num_experts=experts,
-            num_experts_per_tok=getattr(config, "num_experts_per_tok", 0) if experts else 0,
-            moe_intermediate_size=config.intermediate_size if experts else None,
-            residual_size=config.hidden_size,
-            layers_per_block=config.num_hidden_layers,
-        )
-    except (AttributeError, ValueError) as error:
+        layers = hires_layer_fields(config)
+        return HiResConfig(**layers, residual_size=layers["hidden_size"], layers_per_block=layers["num_hidden_layers"])
+    except (AttributeError, ValueError, StrictDataclassError) as error:
         raise HiResUserError(
             f"Cannot count FLOPs of a {type(config).__name__}; pass flops_per_token explicitly ({error})."
         ) from error

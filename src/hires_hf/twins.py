@@ -1,9 +1,10 @@
-"""Vanilla twins: the transformers model with the same d-wide layers as a HiRes config.
+"""Vanilla twins: the transformers model with the same d-wide layers as a HiRes config, and back.
 
 A twin is what HiRes is compared against (same compute width, depth, heads and FFN; residual stream of
 width d, no blocks). Dense layers without q/k norm are Llama (Qwen2 with q/k/v-only bias), per-head q/k
-norm is Qwen3, MoE with
-full-width q/k norm is OLMoE.
+norm is Qwen3, MoE with full-width q/k norm is OLMoE. This module holds the one mapping between the two
+families of configs: `vanilla_config` (HiRes -> twin) and `hires_layer_fields` (a vanilla config -> the HiRes
+fields with the same layers), used by the converter and by the FLOP accounting of vanilla models.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from transformers import LlamaConfig, OlmoeConfig, PreTrainedConfig, Qwen2Config
 
 from .configuration_hires import HiResConfig
 
+# Fields with the same name and meaning in HiResConfig and in the Llama / Mistral / Qwen / OLMoE configs.
 SHARED_FIELDS = (
     "vocab_size",
     "hidden_size",
@@ -69,6 +71,41 @@ def vanilla_config(config: HiResConfig) -> PreTrainedConfig:
     return Qwen3Config(**shared, intermediate_size=config.intermediate_size, attention_bias=biased)
 
 
+def hires_layer_fields(source: PreTrainedConfig) -> dict[str, Any]:
+    """The HiResConfig fields whose layers are exactly those of a Llama / Mistral / Qwen2 / Qwen3 / OLMoE config
+    (the inverse of `vanilla_config`); the HiRes-only fields (D, k, ...) are left to the caller.
+
+    A missing required field (the config is of another family) raises AttributeError."""
+    fields: dict[str, Any] = {name: getattr(source, name) for name in SHARED_FIELDS if name != "head_dim"}
+    biased = bool(getattr(source, "attention_bias", False))
+    fields |= dict(
+        head_dim=getattr(source, "head_dim", None),
+        intermediate_size=source.intermediate_size,
+        attention_bias=biased,
+        attention_output_bias=biased,
+        mlp_bias=bool(getattr(source, "mlp_bias", False)),
+    )
+    family = getattr(source, "model_type", None)
+    if family == "qwen2":
+        fields |= dict(attention_bias=True, attention_output_bias=False)  # biased q/k/v, unbiased o
+    elif family == "qwen3":
+        fields |= dict(qk_norm="per_head")
+    elif family == "olmoe":
+        fields |= dict(qk_norm="full", clip_qkv=source.clip_qkv)
+    experts = num_experts(source)
+    if experts:
+        fields |= dict(
+            num_experts=experts,
+            num_experts_per_tok=source.num_experts_per_tok,
+            # OLMoE's and Mixtral's intermediate_size is the expert width; Qwen3-MoE names it apart
+            moe_intermediate_size=getattr(source, "moe_intermediate_size", None) or source.intermediate_size,
+            norm_topk_prob=bool(getattr(source, "norm_topk_prob", False)),
+            router_aux_loss_coef=getattr(source, "router_aux_loss_coef", 0.01),
+            output_router_logits=bool(getattr(source, "output_router_logits", False)),
+        )
+    return fields
+
+
 def num_experts(config: PreTrainedConfig) -> int:
     """Experts per MoE layer of a HiRes or any transformers config; 0 for a dense model. The one MoE check:
     families name the field differently (HiRes, OLMoE, Qwen3-MoE `num_experts`; Mixtral `num_local_experts`)."""
@@ -92,4 +129,4 @@ def scale_twin_embedding(model: nn.Module, multiplier: float) -> RemovableHandle
     return model.get_input_embeddings().register_forward_hook(lambda module, inputs, output: output * multiplier)
 
 
-__all__ = ["num_experts", "scale_twin_embedding", "vanilla_config"]
+__all__ = ["SHARED_FIELDS", "hires_layer_fields", "num_experts", "scale_twin_embedding", "vanilla_config"]

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from ..configuration_hires import HUB_AUTO_MAP, HiResConfig
 from ..errors import HiResUserError, first_line
+from ..twins import hires_layer_fields
 from .keymaps import IGNORED_SOURCE_SUFFIXES, KEY_MAPS, Rule
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -121,7 +122,6 @@ def read_source_config(folder: Path) -> tuple[str, Any]:
 
 
 def hires_config(
-    model_type: str,
     source: Any,
     residual_size: int,
     layers_per_block: int,
@@ -146,27 +146,9 @@ def hires_config(
     rope = dict(source.rope_parameters or {"rope_type": "default", "rope_theta": 10000.0})
     _refuse_rope(rope, source)
 
-    biased = bool(getattr(source, "attention_bias", False))
-    fields: dict[str, Any] = dict(
-        vocab_size=source.vocab_size,
-        hidden_size=d,
-        intermediate_size=source.intermediate_size,
-        num_hidden_layers=layers,
-        num_attention_heads=source.num_attention_heads,
-        num_key_value_heads=source.num_key_value_heads,
-        head_dim=getattr(source, "head_dim", None),
-        hidden_act=source.hidden_act,
+    fields = hires_layer_fields(source) | dict(
         max_position_embeddings=context,
-        initializer_range=source.initializer_range,
-        rms_norm_eps=source.rms_norm_eps,
-        pad_token_id=source.pad_token_id,
-        bos_token_id=source.bos_token_id,
-        eos_token_id=source.eos_token_id,
         rope_parameters=rope,
-        attention_dropout=source.attention_dropout,
-        attention_bias=biased,
-        attention_output_bias=biased,
-        mlp_bias=bool(getattr(source, "mlp_bias", False)),
         # Tying survives only where embedding (V x D) and head (V x d) have one shape.
         tie_word_embeddings=bool(source.tie_word_embeddings) and residual_size == d,
         residual_size=residual_size,
@@ -177,37 +159,10 @@ def hires_config(
         # The copied embedding already has the source's scale, the one its layers and the identity read expect.
         embedding_multiplier=1.0,
         write_multiplier=1.0,  # the identity write is copied as the identity
+        router_z_loss_coef=0.0,  # transformers' OLMoE trains without z-loss: keep the source's training loss
         dtype=dtype,
     )
-    fields.update(FAMILY_FIELDS[model_type](source))
     return HiResConfig(**fields)
-
-
-def _qwen2_fields(source: Any) -> dict[str, Any]:
-    return dict(attention_bias=True, attention_output_bias=False)  # biased q/k/v, unbiased o
-
-
-def _olmoe_fields(source: Any) -> dict[str, Any]:
-    return dict(
-        qk_norm="full",
-        clip_qkv=source.clip_qkv,
-        num_experts=source.num_experts,
-        num_experts_per_tok=source.num_experts_per_tok,
-        moe_intermediate_size=source.intermediate_size,  # OLMoE's intermediate_size is the expert width
-        norm_topk_prob=source.norm_topk_prob,
-        router_aux_loss_coef=source.router_aux_loss_coef,
-        router_z_loss_coef=0.0,  # transformers' OLMoE trains without z-loss: keep the source's training loss
-        output_router_logits=source.output_router_logits,
-    )
-
-
-FAMILY_FIELDS: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "llama": lambda source: {},
-    "mistral": lambda source: {},
-    "qwen2": _qwen2_fields,
-    "qwen3": lambda source: dict(qk_norm="per_head"),
-    "olmoe": _olmoe_fields,
-}
 
 
 def _refuse_sliding_window(source: Any, context: int) -> None:
@@ -685,7 +640,6 @@ def convert(
     out_dtype = DTYPES.get(dtype)
     stored = out_dtype or checkpoint.dtypes.get("model.embed_tokens.weight", torch.float32)
     config = hires_config(
-        model_type,
         source_config,
         residual_size,
         layers_per_block,

@@ -11,16 +11,19 @@ from .compare import DEFAULT_RATES, CompareSettings, compare, table
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    if (args.budget_flops is not None and args.budget_flops <= 0) or args.budget_minutes <= 0:
-        raise HiResUserError("--budget-minutes and --budget-flops must be positive.")
+    budgets = (args.budget_minutes, args.budget_flops, args.budget_tokens)
+    if any(budget is not None and budget <= 0 for budget in budgets):
+        raise HiResUserError("--budget-minutes, --budget-flops and --budget-tokens must be positive.")
     for name in ("context", "batch_size", "seeds"):
         if getattr(args, name) < 1:
             raise HiResUserError(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}.")
     settings = CompareSettings(
         data=tuple(args.data),
         model=args.model,
+        vocab_size=args.vocab_size,
         budget_minutes=args.budget_minutes,
         budget_flops=args.budget_flops,
+        budget_tokens=args.budget_tokens,
         rates=tuple(sorted(args.lrs)),
         seeds=args.seeds,
         plain_twin=args.plain_twin,
@@ -32,7 +35,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.smoke:  # tiny data, steps and grid; an explicit --budget-flops still counts (tests of its check)
         settings = replace(
             settings,
-            budget_flops=args.budget_flops or 3e9,
+            budget_flops=args.budget_flops or (None if args.budget_tokens else 3e9),
             rates=(2e-3, 4e-3),
             context=32,
             batch_size=4,
@@ -59,9 +62,13 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "seeds at each best rate. Prints one verdict line.",
     )
     parser.add_argument("--data", nargs="+", default=["stdlib"], help="jsonl / text files or folders, or 'stdlib'")
-    parser.add_argument("--model", default="ladder-2", help="a HiRes preset or a HiRes config.json / model folder")
+    parser.add_argument(
+        "--model", default="ladder-2", help="a HiRes preset, a shape DxL (e.g. 128x16), or a config.json / model folder"
+    )
+    parser.add_argument("--vocab-size", type=int, help="tokenizer and model vocabulary (default: the config's)")
     parser.add_argument("--budget-minutes", type=float, default=10.0, help="wall clock for every run together")
     parser.add_argument("--budget-flops", type=float, help="counted training FLOPs per run (overrides the minutes)")
+    parser.add_argument("--budget-tokens", type=float, help="per run: the FLOPs of this many control tokens")
     parser.add_argument("--lrs", type=float, nargs="+", default=list(DEFAULT_RATES), help="the starting LR grid")
     parser.add_argument("--seeds", type=int, default=1, help="seeds at each architecture's best rate (default 1)")
     parser.add_argument("--plain-twin", action="store_true", help="also train the plain transformers Llama twin")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -47,6 +48,7 @@ from .harness import (
 )
 
 DEFAULT_RATES = (1e-3, 2e-3, 4e-3)
+SHAPE = re.compile(r"^\d+x\d+$")
 RUNS_PER_ARM = 4  # the planning guess for a grid of three plus one extension
 
 
@@ -56,8 +58,10 @@ class CompareSettings:
 
     data: tuple[str, ...] = ("stdlib",)
     model: str = "ladder-2"
+    vocab_size: int | None = None  # None: the config's
     budget_minutes: float | None = 10.0  # wall clock for the whole comparison (all runs, all arms)
     budget_flops: float | None = None  # or: counted training FLOPs per run
+    budget_tokens: float | None = None  # or: the FLOPs of this many control tokens per run
     rates: tuple[float, ...] = DEFAULT_RATES
     seeds: int = 1
     plain_twin: bool = False
@@ -99,16 +103,22 @@ class ArmResult:
         return (max(losses) - min(losses)) / 2
 
 
-def load_hires_config(model: str) -> HiResConfig:
-    """A preset name or a config.json / model folder; anything that is not a HiRes config is refused."""
+def load_hires_config(model: str, vocab_size: int | None = None) -> HiResConfig:
+    """A preset name, a shape "DxL" (the harness's rule: k=4, D=2d, heads of 64, the package's defaults), or a
+    config.json / model folder; anything that is not a HiRes config is refused. `vocab_size` overrides."""
+    vocab = {"vocab_size": vocab_size} if vocab_size else {}
     if model in PRESETS:
-        return HiResConfig.from_preset(model)
+        return HiResConfig.from_preset(model, **vocab)
+    if SHAPE.match(model):
+        shape = Shape.parse(model)
+        return shape.config({}, context=1024, **vocab)
     path = Path(model)
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
         raise HiResUserError(
-            f"--model {model!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a config.json / model folder."
+            f"--model {model!r} is neither a preset ({', '.join(sorted(PRESETS))}), a shape like 128x16, nor a "
+            "config.json / model folder."
         )
     try:
         fields = json.loads(path.read_text())
@@ -120,7 +130,7 @@ def load_hires_config(model: str) -> HiResConfig:
             f"{path} is a {kind or 'non-model'} config, not HiRes (model_type 'hires'): convert the model with "
             "`hires-hf convert` or give a HiRes preset."
         )
-    return HiResConfig.from_dict(fields)
+    return HiResConfig.from_dict({**fields, **vocab})
 
 
 def arms_for(plain_twin: bool) -> list[Arm]:
@@ -138,6 +148,8 @@ def plan_budget(
     step_flops = control.flops_per_token(shape, data) * tokens_per_step
     if settings.budget_flops is not None:
         flops = settings.budget_flops
+    elif settings.budget_tokens is not None:
+        flops = settings.budget_tokens * control.flops_per_token(shape, data)
     else:
         seconds = time_train_step(control.config(shape, data), settings.batch_size, data.context, device)
         runs = len(arms) * (RUNS_PER_ARM + settings.seeds - 1)
@@ -148,7 +160,7 @@ def plan_budget(
             need = arm.flops_per_token(shape, data) * tokens_per_step
             raise HiResUserError(
                 f"The budget ({flops:.3g} FLOPs a run) buys less than one step of {arm.name} ({need:.3g} FLOPs): "
-                "raise --budget-minutes / --budget-flops, or lower --batch-size / --context."
+                "raise the budget, or lower --batch-size / --context."
             )
     return budget
 
@@ -213,7 +225,7 @@ def compare(settings: CompareSettings, out: Path | None = None, progress: bool =
         raise HiResUserError(f"--seeds must be at least 1; got {settings.seeds}.")
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    config = load_hires_config(settings.model)
+    config = load_hires_config(settings.model, settings.vocab_size)
     shape = Shape.from_config(config)
     device = pick_device(settings.device)
     data = prepare_data(

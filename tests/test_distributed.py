@@ -4,10 +4,10 @@ Every mode runs for real: two gloo processes on CPU (tests/distributed_worker.py
 cases), dense (`tiny`) and MoE (`tiny-moe`), against the single-process model. Tolerances:
 - logits: max |diff| <= 1e-5 (measured: 0 under FSDP2 / HSDP / EP, ~2e-7 under TP, whose all-reduces sum in
   another order);
-- one AdamW step (lr 1e-3): loss within 1e-6, every updated weight within 5e-5 (5% of one step). Adam's first step
-  is lr * g / (|g| + eps): where a gradient element is as small as eps (1e-8) its summation order, which two
-  processes change, moves that element's step by a fraction of lr (largest measured: 1.8e-5, on one element;
-  every other element agrees to 2e-7).
+- one AdamW step (lr 1e-3): loss within 1e-6; all but 1 in 10^4 updated weights within 2e-6, and every one within
+  one step (lr). Adam's first step is lr * g / (|g| + eps): where a gradient element is as small as eps (1e-8),
+  the summation order, which two processes change, moves that element's step by a fraction of lr (measured: under
+  TP 7 of 321K-585K weights beyond 1e-6, the largest 2.9e-5; under FSDP2 and EP none beyond 1e-6).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES, replace
 
 from hires_hf import HiResConfig, HiResForCausalLM
 from hires_hf.cli import main as cli_main
-from tests.distributed_worker import BATCH_ROWS, MODES, one_step, rank_batch
+from tests.distributed_worker import BATCH_ROWS, LEARNING_RATE, MODES, one_step, rank_batch
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 PRESETS = ["tiny", "tiny-moe"]
@@ -38,7 +38,8 @@ STEP_CASES += ["fsdp-ep-step:tiny-moe", "tp-sharded-projections-step:tiny"]
 REFUSED_CASES = ["pp:tiny", "pp:tiny-moe"]
 LOGITS_ATOL = 1e-5
 LOSS_ATOL = 1e-6
-WEIGHTS_ATOL = 5e-5
+WEIGHTS_ATOL = 2e-6
+OUTLIERS_ALLOWED = 1e-4  # share of weights that may differ by more than WEIGHTS_ATOL (gradients at Adam's eps)
 
 
 # ------------------------------------------------------------------------------------------ plans (one process)
@@ -176,8 +177,12 @@ def test_one_optimizer_step_matches_the_single_process_step(runs, case: str) -> 
         result = _result(out, case, rank)
         torch.testing.assert_close(result["loss"], references[f"{preset}-loss"], atol=LOSS_ATOL, rtol=0)
         assert result["params"].keys() == expected.keys()
-        for name, value in expected.items():
-            torch.testing.assert_close(result["params"][name], value, atol=WEIGHTS_ATOL, rtol=0, msg=name)
+        diffs = torch.cat([(result["params"][name] - value).abs().flatten() for name, value in expected.items()])
+        assert diffs.max() <= LEARNING_RATE, f"a weight moved by more than one step: {diffs.max():.2e}"
+        outliers = int((diffs > WEIGHTS_ATOL).sum())
+        assert outliers <= OUTLIERS_ALLOWED * diffs.numel(), (
+            f"{outliers} of {diffs.numel()} weights beyond {WEIGHTS_ATOL:g}"
+        )
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ def run_compare(args: argparse.Namespace) -> int:
         plain_twin=args.plain_twin,
         context=args.context,
         batch_size=args.batch_size,
+        max_chars=args.max_chars,
         device=args.device,
         threads=args.threads,
     )
@@ -74,6 +75,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--plain-twin", action="store_true", help="also train the plain transformers Llama twin")
     parser.add_argument("--context", type=int, default=128, help="tokens per training block (default 128)")
     parser.add_argument("--batch-size", type=int, default=16, help="blocks per optimizer step (default 16)")
+    parser.add_argument("--max-chars", type=int, default=12_000_000, help="read at most this much text")
     parser.add_argument("--device", default="auto", help="cuda when there is one (bf16 autocast), else cpu")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--out", type=Path, help="folder for compare.json, loss_vs_flops.png and the best models")

@@ -280,6 +280,8 @@ def _train_all(
                 keep = (lambda model: save_model(model, arm, shape, data, folder)) if seed == 0 else None
                 run = train_run(arm, lr, shape, data, budget, seed, device, settings.evaluations, keep=keep)
                 result.runs.append(run)
+                if progress:
+                    bar.write(f"{arm.name} lr={lr:g} seed={seed}: {run.final_loss:.3f} after {run.steps} steps")
                 bar.total = max(bar.total, bar.n + 1)
                 bar.update(1)
                 return run

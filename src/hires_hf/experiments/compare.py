@@ -166,18 +166,25 @@ def plan_budget(
 
 
 def verdict(results: dict[str, ArmResult]) -> dict[str, Any]:
-    """Which of HiRes and the control wins, by how much, against the seed spread; the FLOPs multiplier."""
+    """Which of HiRes and the control wins, by how much, against the seed spread; the FLOPs multiplier.
+
+    A winner is named only when the gap exceeds the two seed spreads added; with one seed there is no spread,
+    so the line gives the gap and asks for seeds instead of calling it."""
     hires, control = results["hires"], results["control"]
     gap = hires.mean - control.mean  # negative: HiRes is better
     noise = hires.spread + control.spread
     winner, loser = (hires, control) if gap < 0 else (control, hires)
     seeds = len(hires.at_best)
-    if abs(gap) <= noise:
+    side = "below" if gap < 0 else "above"
+    decided = seeds > 1 and abs(gap) > noise
+    if seeds == 1:
+        line = f"HiRes ends {abs(gap):.3f} nats {side} the control (one seed each: run --seeds 2+ to judge it)."
+    elif not decided:
         line = f"HiRes and the control are within seed noise: {gap:+.3f} nats (spread ±{noise:.3f}, {seeds} seeds)."
     else:
         who = "HiRes beats" if gap < 0 else "HiRes trails"
-        line = f"{who} the control by {abs(gap):.3f} nats (mean of {seeds} seed(s) at each one's best rate"
-        line += f"; seed spread ±{noise:.3f})." if seeds > 1 else "; one seed: run --seeds 2 for a spread)."
+        line = f"{who} the control by {abs(gap):.3f} nats (mean of {seeds} seeds at each one's best rate; "
+        line += f"seed spread ±{noise:.3f})."
     multiplier = flops_multiplier(winner.at_best, loser.mean)
     if multiplier is not None and abs(gap) > noise:
         line += f" {winner.arm} reaches {loser.arm}'s final loss with {multiplier:.2f}x the FLOPs."
@@ -185,7 +192,7 @@ def verdict(results: dict[str, ArmResult]) -> dict[str, Any]:
         "line": line,
         "gap": gap,
         "noise": noise,
-        "winner": winner.arm if abs(gap) > noise else None,
+        "winner": winner.arm if decided else None,
         "flops_multiplier": multiplier,
     }
 

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from hires_hf import HiResConfig
 from hires_hf.cli import main
+from hires_hf.experiments.compare import ArmResult, verdict
 from hires_hf.experiments.harness import (
     CONTROL,
     Arm,
@@ -147,3 +148,27 @@ def test_bad_input_is_one_line_and_leaves_nothing(args, message, tmp_path, capsy
     assert message in error and len(error.splitlines()) == 1
     assert not out.exists()
     assert not list(tmp_path.glob(".compare-*"))
+
+
+def _arm(name: str, losses: list[float]) -> ArmResult:
+    runs = [
+        Run(name, 1e-3, seed, 10, 1.0, loss, [(1.0, loss + 1), (2.0, loss)], 0.0, 0.0, False)
+        for seed, loss in enumerate(losses)
+    ]
+    return ArmResult(name, runs, "bracketed")
+
+
+@pytest.mark.parametrize(
+    ("hires", "control", "winner"),
+    [
+        ([3.00, 3.02], [3.20, 3.22], "hires"),
+        ([3.30, 3.32], [3.00, 3.04], "control"),
+        ([3.00, 3.20], [3.05, 3.25], None),  # the gap is inside the seeds' spread
+        ([3.00], [3.50], None),  # one seed: no spread to judge by
+    ],
+    ids=["hires-wins", "control-wins", "noise", "one-seed"],
+)
+def test_a_winner_is_named_only_beyond_the_seed_spread(hires, control, winner):
+    found = verdict({"hires": _arm("hires", hires), "control": _arm("control", control)})
+    assert found["winner"] == winner
+    assert found["gap"] == pytest.approx(sum(hires) / len(hires) - sum(control) / len(control))

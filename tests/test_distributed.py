@@ -35,7 +35,7 @@ DENSE_AND_MOE_MODES = ("tp", "tp-sharded-projections", "fsdp", "hsdp")
 FORWARD_CASES = [f"{mode}:{preset}" for mode in DENSE_AND_MOE_MODES for preset in PRESETS] + ["fsdp-ep:tiny-moe"]
 STEP_CASES = [f"{mode}-step:{preset}" for mode in ("tp", "fsdp") for preset in PRESETS]
 STEP_CASES += ["fsdp-ep-step:tiny-moe", "tp-sharded-projections-step:tiny"]
-REFUSED_CASES = ["pp:tiny", "pp:tiny-moe"]
+REFUSED_CASES = ["pp:tiny", "pp:tiny-moe", "fsdp-ep:tiny"]
 LOGITS_ATOL = 1e-5
 LOSS_ATOL = 1e-6
 WEIGHTS_ATOL = 2e-6
@@ -186,12 +186,19 @@ def test_one_optimizer_step_matches_the_single_process_step(runs, case: str) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", REFUSED_CASES)
+@pytest.mark.parametrize("case", [case for case in REFUSED_CASES if case.startswith("pp:")])
 def test_pipeline_parallelism_is_refused_on_every_rank(runs, case: str) -> None:
     out, _, _ = runs
     for rank in (0, 1):
         error = _result(out, case, rank)["error"]
         assert error.startswith("HiRes does not support pipeline parallelism (pp_size=2)") and "\n" not in error
+
+
+@pytest.mark.slow
+def test_expert_parallelism_on_a_dense_model_is_refused(runs) -> None:
+    """The dense variant has no expert plan: transformers refuses ep_size > 1 instead of ignoring it."""
+    for rank in (0, 1):
+        assert "has no `ep_plan`" in _result(runs[0], "fsdp-ep:tiny", rank)["error"]
 
 
 @pytest.mark.slow

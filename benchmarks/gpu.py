@@ -10,12 +10,12 @@ with its read / write projections and nothing else. Without CUDA the section say
 from __future__ import annotations
 
 import gc
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.benchmark import Timer
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
@@ -92,17 +92,18 @@ def build(config: HiResConfig, vanilla: bool, attention: str, experts: str, devi
 
 
 def train_tokens_per_second(model: nn.Module, input_ids: torch.Tensor, steps: int, warmup: int) -> float:
-    """Forward + LM loss + backward; tokens per second over the timed steps (device synchronised)."""
+    """Forward + LM loss + backward; tokens per second over the timed steps (torch's Timer synchronises the
+    device and adds two warm-up steps of its own to ours)."""
     model.train()
-    sync = torch.cuda.synchronize if input_ids.is_cuda else (lambda: None)
-    for step in range(warmup + steps):
-        if step == warmup:
-            sync()
-            start = time.perf_counter()
+
+    def step() -> None:
         model(input_ids=input_ids, labels=input_ids).loss.backward()
         model.zero_grad(set_to_none=True)
-    sync()
-    return input_ids.numel() * steps / (time.perf_counter() - start)
+
+    for _ in range(warmup):
+        step()
+    timer = Timer(stmt="step()", globals={"step": step}, num_threads=torch.get_num_threads())
+    return input_ids.numel() / timer.timeit(steps).mean
 
 
 def run_gpu(settings: GpuSettings, progress: bool = True) -> dict[str, Any]:

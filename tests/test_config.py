@@ -3,11 +3,14 @@
 import json
 
 import pytest
+import torch
 from huggingface_hub.errors import StrictDataclassError
-from transformers import AutoConfig
+from transformers import AutoConfig, OlmoeConfig
 
-from hires_hf import PRESETS, HiResConfig
+from hires_hf import PRESETS, HiResConfig, HiResForCausalLM
+from hires_hf.accounting import count_parameters
 from hires_hf.training.cli import with_overrides
+from hires_hf.twins import vanilla_config
 
 # (overrides on the tiny preset, the field the error must name, a fragment of what is allowed)
 INVALID = {
@@ -60,10 +63,17 @@ def test_unknown_preset_lists_the_known_ones() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
-def test_presets_build_and_derive_blocks(name: str) -> None:
+def test_presets_build_a_model_whose_blocks_hold_every_layer(name: str) -> None:
+    """Every preset builds (on the meta device: no memory), with its layers split into blocks of k in order, and
+    the parameter count the accounting reports (what `hires-hf info` prints)."""
     config = HiResConfig.from_preset(name)
-    assert config.num_blocks * config.layers_per_block == config.num_hidden_layers
-    assert config.residual_size >= config.hidden_size
+    with torch.device("meta"):
+        model = HiResForCausalLM(config)
+    blocks = model.model.blocks
+    assert len(blocks) == config.num_blocks and {len(block.layers) for block in blocks} == {config.layers_per_block}
+    indices = [layer.self_attn.layer_idx for block in blocks for layer in block.layers]
+    assert indices == list(range(config.num_hidden_layers))  # the KV cache's global layer index
+    assert sum(param.numel() for param in model.parameters()) == count_parameters(config)
 
 
 def test_defaults_follow_the_spec() -> None:
@@ -79,18 +89,15 @@ def test_defaults_follow_the_spec() -> None:
     assert moe.router_aux_loss_coef == 0.01 and moe.moe_intermediate_size == moe.intermediate_size
 
 
-def test_olmoe_preset_has_the_released_shape() -> None:
+def test_olmoe_preset_is_transformers_olmoe_1b_7b_made_hires() -> None:
+    """The preset's layers are transformers' OLMoE-1B-7B config (its defaults, but for the expert width: the
+    released model uses 1024, `OlmoeConfig` defaults to 2048), plus D = 2d, k = 4 and the z-loss it trained with."""
     config = HiResConfig.from_preset("olmoe-1b-7b")
-    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.head_dim) == (
-        16,
-        2048,
-        16,
-        128,
-    )
-    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (64, 8, 1024)
-    assert (config.vocab_size, config.max_position_embeddings, config.qk_norm) == (50304, 4096, "full")
-    assert (config.router_aux_loss_coef, config.router_z_loss_coef, config.norm_topk_prob) == (0.01, 0.001, False)
-    assert config.rope_parameters["rope_theta"] == 10000.0 and not config.tie_word_embeddings
+    released = OlmoeConfig(intermediate_size=1024, head_dim=128)  # head_dim None means 2048 / 16 there
+    ignored = {"transformers_version", "_name_or_path"}
+    twin = {key: value for key, value in vanilla_config(config).to_dict().items() if key not in ignored}
+    assert twin == {key: value for key, value in released.to_dict().items() if key not in ignored}
+    assert (config.residual_size, config.layers_per_block, config.router_z_loss_coef) == (4096, 4, 0.001)
 
 
 def test_config_round_trips_through_json(tmp_path) -> None:

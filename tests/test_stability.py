@@ -53,10 +53,14 @@ def test_tokens_enter_the_wide_stream_at_the_scale_the_outer_norms_hold_it():
     assert units[0]["write_to_stream"] < 0.5  # block 0 adds to the tokens, it does not drown them
 
 
-def test_a_config_without_outer_norm_keeps_the_vanilla_embedding_scale():
-    """An additive stream (exact conversion, ablations) is the vanilla stream: there the embedding is unscaled."""
-    assert four_blocks(outer_norm=False).embedding_multiplier == 1.0
-    assert four_blocks().embedding_multiplier == pytest.approx(1 / four_blocks().initializer_range)
+@pytest.mark.parametrize(("outer_norm", "rms"), [(False, 0.02), (True, 1.0)], ids=["additive-stream", "default"])
+def test_a_config_without_outer_norm_keeps_the_vanilla_embedding_scale(outer_norm, rms):
+    """An additive stream (exact conversion, ablations) is the vanilla stream: tokens enter it at the vanilla
+    scale (RMS = initializer_range); with the outer norm they enter at the RMS the norms hold the stream at."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(four_blocks(outer_norm=outer_norm))
+    embeds = model.get_input_embeddings()(torch.arange(2, VOCAB))  # what block 0 reads, multiplier included
+    assert embeds.pow(2).mean().sqrt().item() == pytest.approx(rms, rel=0.1)
 
 
 @pytest.mark.parametrize(
@@ -87,8 +91,9 @@ def test_the_stream_keeps_token_information_at_a_high_learning_rate(text_blocks,
 
 
 def _write_step(width: int, **fields) -> float:
-    """RMS change of block 1's write output caused by one AdamW step of the write's own weights (the input held
-    fixed): how far one step at lr 1e-3 moves what the block adds to the normalised stream."""
+    """RMS change of what block 1 adds to the wide stream, as the model computes it (before the outer norm),
+    caused by one AdamW step of the write's own weights (everything else, and so the write's input, held fixed):
+    how far one step at lr 1e-3 moves what the block adds to the normalised stream."""
     torch.manual_seed(0)
     config = HiResConfig(
         vocab_size=512,
@@ -101,16 +106,20 @@ def _write_step(width: int, **fields) -> float:
         **fields,
     )
     model = AutoModelForCausalLM.from_config(config)
-    write = model.model.blocks[1].write_proj
-    inputs = []
-    write.register_forward_hook(lambda _module, args, _out: inputs.append(args[0].detach()))
-    before = write.weight.detach().clone()
+    block = model.model.blocks[1]
+    summed = []  # skip + write, what the outer norm receives
+    block.outer_norm.register_forward_pre_hook(lambda _module, args: summed.append(args[0].detach()))
+    before = {name: param.detach().clone() for name, param in model.named_parameters()}
     ids = torch.randint(0, 512, (8, 32), generator=torch.Generator().manual_seed(1))
     optimizer = build_optimizer(model, LoopSettings(steps=1, batch_size=8, learning_rate=1e-3))
     model(input_ids=ids, labels=ids).loss.backward()
     optimizer.step()
-    step = torch.nn.functional.linear(inputs[0], write.weight.detach() - before)
-    moved = step * model.model.blocks[1].write_multiplier
+    with torch.no_grad():  # keep only the write's step: block 1's input and its skip path are as before
+        for name, param in model.named_parameters():
+            if param is not block.write_proj.weight:
+                param.copy_(before[name])
+        model(input_ids=ids)
+    moved = summed[1] - summed[0]
     return moved.pow(2).mean().sqrt().item()
 
 

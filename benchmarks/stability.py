@@ -1,28 +1,29 @@
-"""Stability: does HiRes leave the unigram plateau at every learning rate where its vanilla twin learns?
+"""Stability: does HiRes leave the unigram plateau at every learning rate where the vanilla baseline learns?
 
 Each architecture trains over a grid of peak learning rates at matched counted training FLOPs (HiRes pays for
-its projections with fewer steps), on the same batches, with the package's recipe (`hires_hf.training.loop`:
-AdamW 0.9 / 0.95, weight decay 0.1, warmup 5%, cosine to 10%, clip 1.0, one learning rate for every
-parameter, as a user's `AdamW(model.parameters())` would). Three architectures:
+its projections with fewer steps), on the same batches, through the experiment harness
+(`hires_hf.experiments.harness`: its data path, shape rule, FLOP budget and loop). The architectures:
 
-- `vanilla`: the transformers twin (Llama) of the HiRes shape;
+- `control`: the baseline, the Llama twin with HiRes's embedding scale (x 1/initializer_range in its forward),
+  the strongest simple vanilla;
+- `plain-twin`: the transformers twin (Llama) as it ships, a second row;
 - `hires`: HiRes with the package's defaults;
-- `hires-old-default`: HiRes as it shipped before the fix (`embedding_multiplier=1.0`, `write_norm=False`,
-  `write_multiplier=1.0`: tokens enter the wide stream ~50x below the RMS the outer norms hold it at, the write
-  reads the raw inner stream, and its Adam steps grow with the width); `--ablation` adds the fix's parts alone,
-  and `vanilla-scaled-embedding` is a control: the twin with HiRes's embedding scale (is the lead only that?).
+- `hires-old-default`: HiRes as it shipped before the stability fix (`embedding_multiplier=1.0`,
+  `write_norm=False`, `write_multiplier=1.0`); `--ablation` adds the fix's parts alone;
+- `hires-D=d`, `hires-D=4d`, `hires-k2`, `hires-k8`: the defaults with another stream width D or block size k.
 
 A run is "on the plateau" when its final validation loss is within 0.2 nats of the unigram cross-entropy of
 the validation data (what a model that ignores its input reaches). Writes a table, the acceptance checks
-(HiRes learns wherever its twin does, and at least as well) and a PNG of validation loss against steps per
-learning rate.
+(HiRes learns wherever the baseline does, and at least as well; against the control, then the plain twin) and
+a PNG of validation loss against steps per learning rate. Result files written before the harness (archs
+`vanilla` and `vanilla-scaled-embedding`) are read with those names mapped to `plain-twin` and `control`.
 
-    python benchmarks/stability.py                 # CPU: d=128, L=16, k=4 (4 blocks); ~15 minutes on 2 cores
-    python benchmarks/stability.py --preset issue  # the d=192 CPU reproduction of the stall: 32 x 128 batches; ~50 min
+    python benchmarks/stability.py                 # CPU: d=128, L=16, k=4 (4 blocks); ~20 minutes on 2 cores
+    python benchmarks/stability.py --preset issue  # the d=192 CPU reproduction of the stall: 32 x 128 batches; ~60 min
     python benchmarks/stability.py --seed 1        # the CPU grid again with other weights and batches
     python benchmarks/stability.py --width 64      # the CPU grid at another width (write multiplier 128/d)
     python benchmarks/stability.py --extend --lrs 8e-3   # add cells to a grid already written (same options)
-    python benchmarks/stability.py --preset gpu    # one GPU: d=512, L=16, 12M vanilla tokens a run; ~8 min on an H200
+    python benchmarks/stability.py --preset gpu    # one GPU: d=512, L=16, 12M vanilla tokens a run
     python benchmarks/stability.py --map           # where the old default stalls: width, blocks, batch, dtype
     python benchmarks/stability.py --ablation      # each part of the fix alone, up to lr 1.6e-2
     python benchmarks/stability.py --smoke         # seconds: tests
@@ -34,58 +35,64 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM
 
-from hires_hf import HiResConfig
-from hires_hf.accounting import train_flops_per_token
 from hires_hf.diagnostics import DiagnosticsRecorder
-from hires_hf.io import write_json_atomic, write_text_atomic
-from hires_hf.training import (
-    build_tokenizer,
-    encode_documents,
-    load_default_corpus,
-    load_python_sources,
-    pack,
-    special_token_ids,
+from hires_hf.experiments.harness import (
+    Arm,
+    Budget,
+    Data,
+    Shape,
+    baseline_arms,
+    bracket_status,
+    prepare_data,
+    train_run,
 )
-from hires_hf.training.loop import LoopSettings, pick_device, train_loop
-from hires_hf.twins import scale_twin_embedding, vanilla_config
+from hires_hf.io import write_json_atomic, write_text_atomic
+from hires_hf.training.loop import pick_device
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# HiRes variants by the config fields that differ from the defaults (None: the vanilla twin).
-VARIANTS: dict[str, dict[str, Any] | None] = {
-    "vanilla": None,
-    "hires": {},
-    "hires-old-default": {"embedding_multiplier": 1.0, "write_norm": False, "write_multiplier": 1.0},
-    "hires-embedding-fix-only": {"write_norm": False, "write_multiplier": 1.0},
-    "hires-no-write-multiplier": {"write_multiplier": 1.0},
-    "hires-write-multiplier-1/4": {"write_multiplier": 0.25},
-    "vanilla-scaled-embedding": None,  # a control: the twin with its embedding output x 1/initializer_range
+CONTROL, PLAIN = (arm.name for arm in baseline_arms(plain=True))  # "control", "plain-twin"
+# Every architecture by name: the baselines, then HiRes variants by the config fields that differ from the
+# defaults (`residual_ratio` is D / d).
+VARIANTS: dict[str, Arm] = {
+    arm.name: arm
+    for arm in (
+        *baseline_arms(plain=True),
+        Arm("hires"),
+        Arm("hires-old-default", fields={"embedding_multiplier": 1.0, "write_norm": False, "write_multiplier": 1.0}),
+        Arm("hires-embedding-fix-only", fields={"write_norm": False, "write_multiplier": 1.0}),
+        Arm("hires-no-write-multiplier", fields={"write_multiplier": 1.0}),
+        Arm("hires-write-multiplier-1/4", fields={"write_multiplier": 0.25}),
+        Arm("hires-D=d", fields={"residual_ratio": 1.0}),
+        Arm("hires-D=4d", fields={"residual_ratio": 4.0}),
+        Arm("hires-k2", fields={"layers_per_block": 2}),
+        Arm("hires-k8", fields={"layers_per_block": 8}),
+    )
 }
-# Twins whose token embedding output is multiplied by 1/initializer_range in the forward, as HiRes's default
-# does: is HiRes's lead the architecture, or only the embedding scale the twin could adopt too?
-SCALED_EMBEDDING_TWINS = ("vanilla-scaled-embedding",)
-ARCHS = ("vanilla", "hires", "hires-old-default")
+BASELINES = (CONTROL, PLAIN)  # checked against in this order: the control is the baseline
+LABELS = {CONTROL: "control", PLAIN: "plain twin"}  # table headers
+LEGACY_NAMES = {"vanilla": PLAIN, "vanilla-scaled-embedding": CONTROL}  # arch names in files written before
+ARCHS = (CONTROL, PLAIN, "hires", "hires-old-default")
 # The ablation at the CPU shape (d=128, where the default write multiplier is 1): the embedding fix alone at the
 # grid's rate and at 1e-2 (where the write norm is needed), and at 1.6e-2 the write multiplier of d=512
 # (128/512 = 1/4): lr * d * multiplier is the same as at d=512 and lr 4e-3, the GPU stall the multiplier removes.
 ABLATION_CELLS = (
     (3e-3, "hires-embedding-fix-only"),
     (3e-3, "hires-write-multiplier-1/4"),
-    (1e-2, "vanilla"),
+    (1e-2, CONTROL),
+    (1e-2, PLAIN),
     (1e-2, "hires-embedding-fix-only"),
     (1e-2, "hires"),
-    (1.6e-2, "vanilla"),
+    (1.6e-2, CONTROL),
+    (1.6e-2, PLAIN),
     (1.6e-2, "hires"),
     (1.6e-2, "hires-write-multiplier-1/4"),
 )
@@ -93,36 +100,10 @@ PLATEAU_MARGIN = 0.2  # nats below the unigram cross-entropy a run must reach to
 
 
 @dataclass(frozen=True)
-class Shape:
-    """The HiRes shape under test (its twin has the same layers)."""
-
-    hidden_size: int = 128
-    num_hidden_layers: int = 16
-    layers_per_block: int = 4
-    head_dim: int = 64
-    intermediate_size: int | None = None  # None: ~8d/3, a multiple of 8
-    vocab_size: int = 4096
-
-    def config(self, special: dict[str, int | None], block_size: int, **fields: Any) -> HiResConfig:
-        d = self.hidden_size
-        return HiResConfig(
-            vocab_size=self.vocab_size,
-            hidden_size=d,
-            intermediate_size=self.intermediate_size or math.ceil(8 * d / 3 / 8) * 8,
-            num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=max(1, d // self.head_dim),
-            head_dim=self.head_dim if d >= self.head_dim else d,
-            max_position_embeddings=2 * block_size,
-            residual_size=2 * d,
-            layers_per_block=self.layers_per_block,
-            **special,
-            **fields,
-        )
-
-
-@dataclass(frozen=True)
 class StabilitySettings:
-    shape: Shape = Shape()
+    """One grid; `vanilla_steps` fixes the budget: that many steps of the vanilla twin's counted FLOPs a run."""
+
+    shape: Shape = field(default_factory=Shape)  # d=128, L=16, k=4, D=2d, heads of 64, vocab 4096
     learning_rates: tuple[float, ...] = (1e-3, 2e-3, 3e-3, 4e-3)
     archs: tuple[str, ...] = ARCHS
     block_size: int = 128
@@ -162,7 +143,7 @@ class StabilitySettings:
         """The CPU reproduction of the stall: d=192, L=16, 3 heads x 64, vocab 4096, batches of 32 x 128, 0.6M vanilla
         tokens a run (146 steps), Python sources; the old default only at 3e-3, where it stalled first."""
         return cls(
-            shape=Shape(hidden_size=192),
+            shape=Shape(hidden_size=192, vocab_size=4096),
             batch_size=32,
             vanilla_steps=146,
             corpus="python",
@@ -186,75 +167,53 @@ class StabilitySettings:
         )
 
 
-@dataclass
-class Data:
-    train: torch.Tensor
-    validation: torch.Tensor
-    special: dict[str, int | None]
-    unigram_loss: float
+def prepare(settings: StabilitySettings, progress: bool = True) -> Data:
+    """The harness's data path: one corpus, one tokenizer, packed blocks, the validation slice's unigram loss."""
+    return prepare_data(
+        settings.corpus,
+        settings.shape.vocab_size,
+        settings.block_size,
+        settings.max_chars,
+        settings.validation_fraction,
+        settings.eval_blocks,
+        progress=progress,
+    )
 
 
-def prepare(settings: StabilitySettings) -> Data:
-    """One corpus, one tokenizer, packed blocks, and the unigram cross-entropy of the validation blocks."""
-    loader = load_python_sources if settings.corpus == "python" else load_default_corpus
-    corpus = loader(validation_fraction=settings.validation_fraction, max_chars=settings.max_chars)
-    tokenizer = build_tokenizer(corpus.train, vocab_size=settings.shape.vocab_size, sample_chars=2_000_000)
-    eos = tokenizer.eos_token_id
-    train = pack(encode_documents(tokenizer, corpus.train), settings.block_size, eos)
-    validation = pack(encode_documents(tokenizer, corpus.validation), settings.block_size, eos)
-    validation = validation[: settings.eval_blocks]
-    return Data(train, validation, special_token_ids(tokenizer), unigram_loss(train, validation))
-
-
-def unigram_loss(train: torch.Tensor, validation: torch.Tensor) -> float:
-    """Cross-entropy (nats/token) of the validation tokens under the training tokens' unigram distribution
-    (add-one smoothed): the loss of a model that predicts the same distribution whatever its input."""
-    counts = Counter(train.flatten().tolist())
-    vocab = max(int(train.max()), int(validation.max())) + 1
-    total = sum(counts.values()) + vocab
-    targets = validation[:, 1:].flatten().tolist()  # the model is scored from the second token on
-    return -sum(math.log((counts.get(t, 0) + 1) / total) for t in targets) / len(targets)
-
-
-def arch_config(arch: str, settings: StabilitySettings, data: Data):
-    fields = VARIANTS[arch]
-    hires = settings.shape.config(data.special, settings.block_size, **(fields or {}))
-    return vanilla_config(hires) if fields is None else hires
+def budget(settings: StabilitySettings, data: Data) -> Budget:
+    """`vanilla_steps` steps of the twin's counted FLOPs (a hair more, so that float rounding never takes the
+    twin's last step away); an arm that costs more per token gets fewer steps."""
+    per_step = VARIANTS[PLAIN].flops_per_token(settings.shape, data) * settings.batch_size * data.context
+    return Budget(settings.vanilla_steps * per_step * (1 + 1e-9), settings.batch_size)
 
 
 def run_one(arch: str, lr: float, settings: StabilitySettings, data: Data, device: torch.device) -> dict[str, Any]:
-    """One architecture at one peak rate, at the vanilla twin's counted FLOPs; diagnostics every few steps."""
-    config = arch_config(arch, settings, data)
-    twin_flops = train_flops_per_token(arch_config("vanilla", settings, data), settings.block_size)
-    flops = train_flops_per_token(config, settings.block_size)
-    steps = max(1, int(settings.vanilla_steps * twin_flops / flops))
-    torch.manual_seed(settings.seed)
-    model = AutoModelForCausalLM.from_config(config).to(device)
-    if arch in SCALED_EMBEDDING_TWINS:
-        scale_twin_embedding(model, 1 / config.initializer_range)
-    loop = LoopSettings(
-        steps=steps,
-        batch_size=settings.batch_size,
-        learning_rate=lr,
-        evaluations=settings.evaluations,
+    """One architecture at one peak rate through the harness's `train_run`; diagnostics every few steps."""
+    recorder = DiagnosticsRecorder(data.validation[:8].to(device), every=settings.diagnostics_every, entropy=False)
+    run = train_run(
+        VARIANTS[arch],
+        lr,
+        settings.shape,
+        data,
+        budget(settings, data),
         seed=settings.seed,
+        device=device,
+        evaluations=settings.evaluations,
         precision=settings.precision,
+        before_update=recorder.before_step,
+        after_update=recorder.after_step,
     )
-    probe = data.validation[:8].to(device)
-    recorder = DiagnosticsRecorder(probe, every=settings.diagnostics_every, entropy=False)
-    hooks = {"before_update": recorder.before_step, "after_update": recorder.after_step}
-    result = train_loop(model, data.train, data.validation, loop, **hooks)
-    tokens_per_step = settings.batch_size * settings.block_size
+    per_step = run.flops_per_token * settings.batch_size * data.context
     return {
         "arch": arch,
         "lr": lr,
-        "steps": result.steps,
-        "flops": result.steps * tokens_per_step * flops,
-        "final_loss": result.final_loss,
-        "plateau": not result.final_loss < data.unigram_loss - PLATEAU_MARGIN,
-        "curve": result.curve,
-        "train_losses": result.train_losses[:: max(1, result.steps // 100)],
-        "seconds": result.train_seconds,
+        "steps": run.steps,
+        "flops": run.steps * per_step,
+        "flops_per_token": run.flops_per_token,
+        "final_loss": run.final_loss,
+        "plateau": not run.final_loss < data.unigram_loss - PLATEAU_MARGIN,
+        "curve": [(round(flops / per_step), loss) for flops, loss in run.curve],  # (step, validation loss)
+        "seconds": run.seconds,
         "diagnostics": [_slim(row) for row in recorder.rows],
     }
 
@@ -264,38 +223,75 @@ def _slim(row: dict[str, Any]) -> dict[str, Any]:
     return {key: row[key] for key in keep if key in row}
 
 
+def canonical(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs with the arch names of files written before the harness (`vanilla`, `vanilla-scaled-embedding`)
+    mapped to today's (`plain-twin`, `control`)."""
+    return [{**run, "arch": LEGACY_NAMES.get(run["arch"], run["arch"])} for run in runs]
+
+
+def load_payload(path: Path) -> dict[str, Any]:
+    """A grid's JSON, old or new: arch names made current, a shape without D / d read as D = 2d."""
+    payload = json.loads(path.read_text())
+    payload["runs"] = canonical(payload.get("runs", []))
+    shape = payload.get("settings", {}).get("shape")
+    if shape is not None:
+        payload["settings"]["shape"] = {**json.loads(json.dumps(asdict(Shape()))), **shape}
+    return payload
+
+
 # ---------------------------------------------------------------------------------------------------- checks
-def acceptance(runs: list[dict[str, Any]], arch: str = "hires", twin: str = "vanilla") -> list[tuple[str, bool, str]]:
-    """The three stability checks of `arch` against `twin`, each with its verdict and the numbers behind it (the
-    twin's best rate among those both ran)."""
-    renamed = {arch: "hires", twin: "vanilla"}
-    runs = [{**r, "arch": renamed[r["arch"]]} for r in runs if r["arch"] in renamed]
-    loss = {(r["arch"], r["lr"]): r["final_loss"] for r in runs}
-    plateau = {(r["arch"], r["lr"]): r["plateau"] for r in runs}
-    twin_rates = sorted(r["lr"] for r in runs if r["arch"] == "vanilla")
-    learns = [lr for lr in twin_rates if not plateau[("vanilla", lr)]]
-    stuck = [lr for lr in learns if plateau.get(("hires", lr), True)]
-    rates = [lr for lr in twin_rates if ("hires", lr) in loss]
-    best_v = min(rates, key=lambda lr: loss[("vanilla", lr)])
-    best_h = min((lr for a, lr in loss if a == "hires"), key=lambda lr: loss[("hires", lr)])
-    gap = loss[("hires", best_v)] - loss[("vanilla", best_v)]
-    return [
-        (
-            "no HiRes run on the plateau where the twin learns",
-            not stuck,
-            f"twin learns at {_rates(learns)}; HiRes on the plateau at {_rates(stuck) or 'none of them'}",
-        ),
-        (
-            "HiRes at the twin's best rate within 0.05 of the twin or better",
-            gap <= 0.05,
-            f"at {best_v:g}: HiRes {loss[('hires', best_v)]:.3f} vs twin {loss[('vanilla', best_v)]:.3f} ({gap:+.3f})",
-        ),
-        (
-            "HiRes's best over the grid below the twin's best",
-            loss[("hires", best_h)] < loss[("vanilla", best_v)],
-            f"HiRes {loss[('hires', best_h)]:.3f} at {best_h:g} vs twin {loss[('vanilla', best_v)]:.3f} at {best_v:g}",
-        ),
-    ]
+def acceptance(runs: list[dict[str, Any]], arch: str = "hires", baseline: str = CONTROL) -> list[tuple[str, bool, str]]:
+    """The three stability checks of `arch` against `baseline`, each with its verdict and the numbers behind it.
+
+    1. no run of `arch` on the plateau at a rate where the baseline learns (fails when the baseline learns at no
+       rate: then the grid says nothing);
+    2. `arch` at the baseline's best rate within 0.05 nats of it, or better;
+    3. `arch`'s best below the baseline's best, each over its own rates (with the edge a best sits at, if any).
+    """
+    runs = canonical(runs)
+    who = "the control" if baseline == CONTROL else "the plain twin" if baseline == PLAIN else f"`{baseline}`"
+    loss = {(r["arch"], r["lr"]): r["final_loss"] for r in runs if r["arch"] in (arch, baseline)}
+    plateau = {(r["arch"], r["lr"]): r["plateau"] for r in runs if r["arch"] in (arch, baseline)}
+    base_rates = sorted(lr for a, lr in loss if a == baseline)
+    own_rates = sorted(lr for a, lr in loss if a == arch)
+    names = (
+        f"no HiRes run on the plateau where {who} learns",
+        f"HiRes at {who}'s best rate within 0.05 of it or better",
+        f"HiRes's best below {who}'s best (each over its own rates)",
+    )
+    if not base_rates or not own_rates:
+        missing = "HiRes" if not own_rates else who
+        return [(name, False, f"{missing} did not run") for name in names]
+    learns = [lr for lr in base_rates if not plateau[(baseline, lr)]]
+    stuck = [lr for lr in learns if plateau.get((arch, lr), True)]
+    best_b = min(base_rates, key=lambda lr: loss[(baseline, lr)])
+    best_h = min(own_rates, key=lambda lr: loss[(arch, lr)])
+    if learns:
+        first = (not stuck, f"{who} learns at {_rates(learns)}; HiRes on the plateau at {_rates(stuck) or 'none'}")
+    else:
+        first = (False, f"no rate learns: {who} is on the plateau at every rate ({_rates(base_rates)})")
+    base_best, at_best = loss[(baseline, best_b)], loss.get((arch, best_b))
+    if at_best is None:
+        second = (False, f"HiRes did not run at {best_b:g}, {who}'s best rate")
+    else:
+        gap = at_best - base_best
+        second = (gap <= 0.05, f"at {best_b:g}: HiRes {at_best:.3f} vs {who} {base_best:.3f} ({gap:+.3f})")
+    edges = [f"{name}'s best: {status}" for name, status in _edges(loss, {"HiRes": arch, who: baseline}).items()]
+    third = (
+        loss[(arch, best_h)] < base_best,
+        f"HiRes {loss[(arch, best_h)]:.3f} at {best_h:g} vs {who} {base_best:.3f} at {best_b:g}"
+        + "".join(f"; {edge}" for edge in edges),
+    )
+    return [(name, *verdict) for name, verdict in zip(names, (first, second, third))]
+
+
+def _edges(loss: dict[tuple[str, float], float], arms: dict[str, str]) -> dict[str, str]:
+    """Which of `arms` (label -> arch) has its best rate at an edge of its grid (the best is then a bound)."""
+    statuses = {
+        label: bracket_status({lr: value for (name, lr), value in loss.items() if name == arch})
+        for label, arch in arms.items()
+    }
+    return {label: status for label, status in statuses.items() if status != "bracketed"}
 
 
 def _rates(rates: list[float]) -> str:
@@ -305,24 +301,27 @@ def _rates(rates: list[float]) -> str:
 # ---------------------------------------------------------------------------------------------------- report
 def markdown(payload: dict[str, Any], checked: str = "hires") -> str:
     """The section: settings, the loss table (archs in order of appearance), the checks of `checked`."""
-    runs, settings = payload["runs"], payload["settings"]
+    runs, settings = canonical(payload["runs"]), payload["settings"]
     present = list(dict.fromkeys(r["arch"] for r in runs))
     archs = [a for a in VARIANTS if a in present] + [a for a in present if a not in VARIANTS]
     rates = sorted({r["lr"] for r in runs})
     loss = {(r["arch"], r["lr"]): r for r in runs}
     shape = settings["shape"]
     blocks = shape["num_hidden_layers"] // shape["layers_per_block"]
+    ratio = shape.get("residual_ratio", 2.0)  # files written before the harness: D = 2d
     lines = [
         f"## Stability: {payload['title']}",
         "",
         f"`{payload['command']}` ({payload['device']}, {payload['minutes']:.1f} min). Shape d={shape['hidden_size']}, "
-        f"L={shape['num_hidden_layers']}, k={shape['layers_per_block']} ({blocks} blocks), D=2d, "
+        f"L={shape['num_hidden_layers']}, k={shape['layers_per_block']} ({blocks} blocks), D={ratio:g}d, "
         f"heads of {shape['head_dim']}, vocab {shape['vocab_size']}; batches of "
         f"{settings['batch_size']} x {settings['block_size']} tokens, {settings['vanilla_steps']} vanilla steps "
-        "(HiRes: fewer, at equal counted FLOPs). Final validation loss; * = at or above the unigram plateau "
+        "(HiRes: fewer, at equal counted FLOPs). The control is the baseline: the Llama twin with HiRes's "
+        "embedding scale; the plain twin is Llama as it ships. Final validation loss; * = at or above the unigram "
+        "plateau "
         f"(within {PLATEAU_MARGIN} nats of the unigram cross-entropy {payload['unigram_loss']:.3f}).",
         "",
-        "| peak lr | " + " | ".join(archs) + " |",
+        "| peak lr | " + " | ".join(LABELS.get(a, a) for a in archs) + " |",
         "|---:|" + "---:|" * len(archs),
     ]
     for lr in rates:
@@ -337,15 +336,15 @@ def markdown(payload: dict[str, Any], checked: str = "hires") -> str:
 
 
 def checks_lines(runs: list[dict[str, Any]], checked: str = "hires", on: str = "") -> list[str]:
-    """The checks of `checked` as markdown tables: against the twin, then against each control that ran."""
+    """The checks of `checked` as markdown tables: against the control (the baseline), then the plain twin."""
+    runs = canonical(runs)
     archs = {r["arch"] for r in runs}
+    against = {CONTROL: "the control (the baseline: Llama with HiRes's embedding scale)", PLAIN: "the plain twin"}
     lines: list[str] = []
-    for twin in (t for t in ("vanilla", *SCALED_EMBEDDING_TWINS) if {t, checked} <= archs):
-        against = "the twin" if twin == "vanilla" else f"the control `{twin}` (the twin with HiRes's embedding scale)"
-        lines += ["", f"Checks of `{checked}` against {against}{on}:", ""]
+    for baseline in (b for b in BASELINES if {b, checked} <= archs):
+        lines += ["", f"Checks of `{checked}` against {against[baseline]}{on}:", ""]
         lines += ["| check | verdict | numbers |", "|---|---|---|"]
-        for name, ok, numbers in acceptance(runs, checked, twin=twin):
-            name = name if twin == "vanilla" else name.replace("the twin", "the control")
+        for name, ok, numbers in acceptance(runs, checked, baseline=baseline):
             lines.append(f"| {name} | {'pass' if ok else 'FAIL'} | {numbers} |")
     return lines
 
@@ -356,16 +355,17 @@ def plot(payload: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = payload["runs"]
+    runs = canonical(payload["runs"])
     rates = sorted({r["lr"] for r in runs})
     fig, axes = plt.subplots(1, len(rates), figsize=(4.2 * len(rates), 3.8), sharey=True, squeeze=False)
     archs = list(dict.fromkeys(r["arch"] for r in runs))
     palette = ("tab:blue", "tab:red", "tab:gray", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink")
-    colours = dict(zip(archs, palette))  # one colour for each of the VARIANTS
+    colours = dict(zip(archs, palette * 2))  # a colour for each architecture that ran
     for ax, lr in zip(axes[0], rates):
         for run in (r for r in runs if r["lr"] == lr):
             steps, losses = zip(*run["curve"])
-            ax.plot(steps, losses, marker="o", ms=3, color=colours[run["arch"]], label=run["arch"])
+            label = LABELS.get(run["arch"], run["arch"])
+            ax.plot(steps, losses, marker="o", ms=3, color=colours[run["arch"]], label=label)
         ax.axhline(payload["unigram_loss"], color="k", ls=":", lw=1, label="unigram")
         ax.set_title(f"peak lr {lr:g}")
         ax.set_xlabel("step")
@@ -398,7 +398,7 @@ def map_points() -> list[tuple[str, StabilitySettings]]:
     ]
 
 
-MAP_ARCHS = ("vanilla", "hires-old-default")
+MAP_ARCHS = (CONTROL, PLAIN, "hires-old-default")
 
 
 def run_map(out_dir: Path, command: str) -> dict[str, Any]:
@@ -411,7 +411,9 @@ def run_map(out_dir: Path, command: str) -> dict[str, Any]:
     cache: dict[tuple[int, int], Data] = {}
     for label, settings in tqdm(map_points(), desc="map", unit="point"):
         key = (settings.shape.vocab_size, settings.block_size)
-        data = cache.setdefault(key, prepare(settings))
+        if key not in cache:
+            cache[key] = prepare(settings)
+        data = cache[key]
         for arch in MAP_ARCHS:
             run = run_one(arch, settings.learning_rates[0], settings, data, device)
             final_shared = run["diagnostics"][-1]["final_shared"] if run["diagnostics"] else None
@@ -424,26 +426,28 @@ def run_map(out_dir: Path, command: str) -> dict[str, Any]:
 
 
 def map_plot(payload: dict[str, Any], path: Path) -> Path:
-    """Bars: the final loss of the twin and of the old default at each map point, the unigram loss as a tick."""
+    """Bars: the final loss of the baselines and of the old default at each map point, the unigram loss as a tick."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = list(dict.fromkeys(row["point"] for row in payload["rows"]))
+    all_rows = canonical(payload["rows"])
+    points = list(dict.fromkeys(row["point"] for row in all_rows))
+    archs = [arch for arch in MAP_ARCHS if any(row["arch"] == arch for row in all_rows)]
     fig, ax = plt.subplots(figsize=(1.6 * len(points) + 2, 4))
-    width = 0.8 / len(MAP_ARCHS)
-    for i, arch in enumerate(MAP_ARCHS):
-        rows = {row["point"]: row for row in payload["rows"] if row["arch"] == arch}
+    width = 0.8 / len(archs)
+    for i, arch in enumerate(archs):
+        rows = {row["point"]: row for row in all_rows if row["arch"] == arch}
         xs = [p + i * width for p in range(len(points))]
-        ax.bar(xs, [rows[p]["final_loss"] if p in rows else 0 for p in points], width, label=arch)
+        ax.bar(xs, [rows[p]["final_loss"] if p in rows else 0 for p in points], width, label=LABELS.get(arch, arch))
     for p, point in enumerate(points):
-        unigram = next(row["unigram_loss"] for row in payload["rows"] if row["point"] == point)
-        ax.hlines(unigram, p - width / 2, p + width * (len(MAP_ARCHS) - 0.5), colors="k", linestyles=":")
+        unigram = next(row["unigram_loss"] for row in all_rows if row["point"] == point)
+        ax.hlines(unigram, p - width / 2, p + width * (len(archs) - 0.5), colors="k", linestyles=":")
     ax.set_xticks([p + width / 2 for p in range(len(points))], points, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("final validation loss (dotted: unigram)")
-    low = min(row["final_loss"] for row in payload["rows"])
-    ax.set_ylim(low - 0.5, max(row["unigram_loss"] for row in payload["rows"]) + 0.3)
+    low = min(row["final_loss"] for row in all_rows)
+    ax.set_ylim(low - 0.5, max(row["unigram_loss"] for row in all_rows) + 0.3)
     ax.legend(fontsize=8)
     ax.set_title("Where the old default stalls (peak lr 3e-3)")
     fig.tight_layout()
@@ -459,12 +463,13 @@ def map_markdown(payload: dict[str, Any]) -> str:
         f"`{payload['command']}` (CPU, {payload['minutes']:.1f} min). Final validation loss (* = on the unigram "
         "plateau) and, in brackets, the shared fraction of the last hidden state (1 = every token the same).",
         "",
-        "| point | unigram | " + " | ".join(MAP_ARCHS) + " |",
+        "| point | unigram | " + " | ".join(LABELS.get(a, a) for a in MAP_ARCHS) + " |",
         "|---|---:|" + "---:|" * len(MAP_ARCHS),
     ]
-    points = list(dict.fromkeys(row["point"] for row in payload["rows"]))
+    all_rows = canonical(payload["rows"])
+    points = list(dict.fromkeys(row["point"] for row in all_rows))
     for point in points:
-        rows = {row["arch"]: row for row in payload["rows"] if row["point"] == point}
+        rows = {row["arch"]: row for row in all_rows if row["point"] == point}
         cells = [
             f"{rows[a]['final_loss']:.3f}{'*' if rows[a]['plateau'] else ''} ({rows[a]['final_shared']:.2f})"
             if a in rows
@@ -513,7 +518,7 @@ def extended(path: Path, settings: StabilitySettings) -> dict[str, Any]:
     """The finished payload at `path`, checked to be the same experiment as `settings`, to add cells to."""
     if not path.is_file():
         raise SystemExit(f"error: --extend found no grid at {path}; run it once without --extend")
-    payload = json.loads(path.read_text())
+    payload = load_payload(path)
     new = {k: v for k, v in json.loads(json.dumps(asdict(settings))).items() if k not in GRID_FIELDS}
     old = {k: v for k, v in payload["settings"].items() if k not in GRID_FIELDS}
     differ = sorted(k for k in new.keys() | old.keys() if new.get(k) != old.get(k))
@@ -566,8 +571,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="seconds-long run (tests)")
     parser.add_argument("--map", action="store_true", help="where the old default stalls (see module docstring)")
     parser.add_argument("--lrs", type=float, nargs="+", help="peak learning rates (default: the preset's grid)")
-    parser.add_argument("--vanilla-steps", type=int, help="optimizer steps of the twin (HiRes: equal FLOPs)")
-    parser.add_argument("--archs", nargs="+", choices=VARIANTS, help=f"architectures (default: {' '.join(ARCHS)})")
+    parser.add_argument("--vanilla-steps", type=int, help="steps of the vanilla twins (HiRes: equal FLOPs)")
+    parser.add_argument(
+        "--archs",
+        nargs="+",
+        type=lambda name: LEGACY_NAMES.get(name, name),  # the names of older commands still work
+        choices=VARIANTS,
+        help=f"architectures (default: {' '.join(ARCHS)})",
+    )
     parser.add_argument("--ablation", action="store_true", help="each part of the fix alone (ABLATION_CELLS)")
     parser.add_argument("--old-lrs", type=float, nargs="+", help="run hires-old-default at these rates only")
     parser.add_argument("--width", type=int, help="hidden size d of the preset's shape (D = 2d, heads of 64)")
@@ -578,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.render:
-        payload = json.loads(args.render.read_text())
+        payload = load_payload(args.render)
         plot(payload, args.render.with_suffix(".png"))
         diagnostics_figures(payload, args.render.parent, args.render.stem)
         write_text_atomic(args.render.with_suffix(".md"), markdown(payload))
@@ -604,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     name += "" if args.name else f"_d{args.width}" * bool(args.width) + f"_seed{args.seed}" * bool(args.seed)
     shape_name = {"cpu": "CPU shape", "issue": "the d=192 CPU reproduction", "gpu": "GPU shape"}[args.preset]
     shape_name += f" at d={args.width}" if args.width else ""
-    title = f"HiRes vs its twin over a learning-rate grid ({shape_name}, seed {args.seed})"
+    title = f"HiRes vs the control over a learning-rate grid ({shape_name}, seed {args.seed})"
     if args.ablation:
         settings = replace(settings, cells=ABLATION_CELLS)
         name, title = args.name or "stability_ablation", "Each part of the fix alone (CPU shape)"

@@ -1,4 +1,4 @@
-"""The stability grid over seeds: is HiRes's lead over its twin larger than what another seed changes?
+"""The stability grid over seeds: is the gap between HiRes and the control larger than what another seed changes?
 
 Reads stability grids of the same shape run under different seeds (`python benchmarks/stability.py --seed N`),
 puts each (architecture, learning rate)'s final losses side by side with their mean and spread, and applies the
@@ -25,12 +25,12 @@ import matplotlib.pyplot as plt
 
 from hires_hf.io import write_text_atomic
 
-from .stability import RESULTS, VARIANTS, checks_lines
+from .stability import LABELS, RESULTS, VARIANTS, checks_lines, load_payload
 
 
 def load(paths: list[Path]) -> list[dict[str, Any]]:
     """The grids' payloads, checked to be one experiment: same unigram loss (same data) and shape."""
-    payloads = [json.loads(path.read_text()) for path in paths]
+    payloads = [load_payload(path) for path in paths]  # arch names of older files made current
     shapes = {json.dumps(p["settings"]["shape"], sort_keys=True) for p in payloads}
     if len(shapes) > 1 or len({round(p["unigram_loss"], 9) for p in payloads}) > 1:
         raise SystemExit("error: these grids differ in shape or data; pass grids of one preset run under other seeds")
@@ -74,7 +74,7 @@ def markdown(payloads: list[dict[str, Any]], paths: list[Path], figure: str) -> 
         f"FLOPs; unigram loss {payloads[0]['unigram_loss']:.3f}. Each cell: the seeds' final validation losses, "
         "then their mean ± half the range (* = on the plateau).",
         "",
-        "| peak lr | " + " | ".join(archs) + " |",
+        "| peak lr | " + " | ".join(LABELS.get(a, a) for a in archs) + " |",
         "|---" * (len(archs) + 1) + "|",
     ]
     for lr in sorted({lr for _, lr in cells}):
@@ -98,7 +98,7 @@ def plot(payloads: list[dict[str, Any]], path: Path) -> Path:
     for arch in [a for a in VARIANTS if any(arch == a for arch, _ in cells)]:
         rates = sorted(lr for a, lr in cells if a == arch)
         means = [statistics.fmean(r["final_loss"] for r in cells[arch, lr]) for lr in rates]
-        (line,) = ax.plot(rates, means, marker="o", label=arch)
+        (line,) = ax.plot(rates, means, marker="o", label=LABELS.get(arch, arch))
         for lr in rates:
             losses = [r["final_loss"] for r in cells[arch, lr]]
             ax.scatter([lr] * len(losses), losses, color=line.get_color(), s=12, alpha=0.5)

@@ -152,20 +152,66 @@ def _run(arch: str, lr: float, loss: float, plateau: bool = False) -> dict:
     return {"arch": arch, "lr": lr, "final_loss": loss, "plateau": plateau}
 
 
-def test_stability_checks_pass_only_when_hires_learns_wherever_its_twin_does():
+def test_stability_checks_pass_only_when_hires_learns_wherever_the_control_does():
     from benchmarks.stability import acceptance
 
-    good = [_run("vanilla", 1e-3, 5.0), _run("vanilla", 3e-3, 4.8), _run("hires", 1e-3, 4.9), _run("hires", 3e-3, 4.7)]
-    assert [ok for _, ok, _ in acceptance(good)] == [True, True, True]
+    good = [_run("control", 1e-3, 5.0), _run("control", 3e-3, 4.8), _run("hires", 1e-3, 4.9), _run("hires", 3e-3, 4.7)]
+    assert [ok for _, ok, _ in acceptance(good)] == [True, True, True]  # the control is the default baseline
     stuck = [*good[:3], _run("hires", 3e-3, 6.7, plateau=True)]
     verdicts = acceptance(stuck)
     assert [ok for _, ok, _ in verdicts] == [False, False, False]
     assert "HiRes on the plateau at 0.003" in verdicts[0][2]
-    # Against a control run at one rate only: judged where both ran, HiRes's best taken over its whole grid.
-    control = [*good, _run("vanilla-scaled-embedding", 3e-3, 4.6)]
-    verdicts = acceptance(control, twin="vanilla-scaled-embedding")
-    assert [ok for _, ok, _ in verdicts] == [True, False, False]
-    assert "HiRes 4.700 at 0.003 vs twin 4.600 at 0.003" in verdicts[2][2]
+
+
+def test_stability_check_one_fails_when_the_baseline_learns_at_no_rate():
+    """A grid where the baseline never leaves the plateau says nothing about HiRes: check 1 must not pass."""
+    from benchmarks.stability import acceptance
+
+    stuck = [_run("control", 1e-3, 6.6, plateau=True), _run("control", 3e-3, 6.7, plateau=True)]
+    _, ok, numbers = acceptance([*stuck, _run("hires", 1e-3, 5.0)])[0]
+    assert not ok and "no rate learns" in numbers
+
+
+def test_stability_check_three_takes_each_best_over_its_own_rates():
+    """The control's best at a rate HiRes never ran still counts: best against best, each over its own grid."""
+    from benchmarks.stability import acceptance
+
+    runs = [
+        _run("hires", 1e-3, 4.9),
+        _run("hires", 2e-3, 4.7),
+        _run("hires", 4e-3, 4.8),
+        _run("control", 2e-3, 4.75),
+        _run("control", 8e-3, 4.6),  # HiRes did not run here
+    ]
+    verdicts = acceptance(runs)
+    assert not verdicts[2][1]
+    assert "HiRes 4.700 at 0.002 vs the control 4.600 at 0.008; the control's best: high edge" in verdicts[2][2]
+    assert not verdicts[1][1] and "HiRes did not run at 0.008" in verdicts[1][2]
+
+
+def test_stability_reads_older_grids_and_never_calls_the_control_twin():
+    """Files written before the harness name the baselines `vanilla` / `vanilla-scaled-embedding`."""
+    from benchmarks.stability import acceptance, checks_lines
+
+    old = [_run("vanilla", 3e-3, 6.2), _run("vanilla-scaled-embedding", 3e-3, 4.6), _run("hires", 3e-3, 4.7)]
+    assert acceptance(old, baseline="plain-twin")[2][1] and not acceptance(old)[2][1]
+    text = "\n".join(checks_lines(old))
+    control, _ = text.split("against the plain twin")
+    assert "the control's best" in control and "twin" not in control
+
+
+def test_stability_arms_vary_the_stream_width_and_the_block_size():
+    from types import SimpleNamespace
+
+    from benchmarks.stability import VARIANTS
+    from hires_hf.experiments.harness import Shape
+
+    shape = Shape(hidden_size=64, num_hidden_layers=8, layers_per_block=4)
+    data = SimpleNamespace(special={}, context=32)  # what a config needs of the data: token ids and context
+    widths = {name: VARIANTS[name].config(shape, data) for name in ("hires", "hires-D=d", "hires-D=4d", "hires-k2")}
+    assert [c.residual_size for c in widths.values()] == [128, 64, 256, 128]
+    assert widths["hires-k2"].layers_per_block == 2 and widths["hires"].layers_per_block == 4
+    assert VARIANTS["control"].config(shape, data).model_type == "llama"
 
 
 @pytest.mark.slow
@@ -175,19 +221,22 @@ def test_stability_smoke_writes_table_json_and_figure(tmp_path):
     assert stability(["--smoke", "--out-dir", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "stability.json").read_text())
     assert {(r["arch"], r["lr"]) for r in payload["runs"]} == {
-        (arch, lr) for arch in ("vanilla", "hires", "hires-old-default") for lr in (1e-3, 3e-3)
+        (arch, lr) for arch in ("control", "plain-twin", "hires", "hires-old-default") for lr in (1e-3, 3e-3)
     }
     steps = {r["arch"]: r["steps"] for r in payload["runs"]}
-    assert steps["hires"] < steps["vanilla"]  # equal counted FLOPs: HiRes pays for its projections with steps
+    assert steps["control"] == steps["plain-twin"] == 6  # --vanilla-steps of the smoke preset, exactly
+    assert steps["hires"] < steps["control"]  # equal counted FLOPs: HiRes pays for its projections with steps
     assert all(r["diagnostics"] and r["diagnostics"][0]["units"] for r in payload["runs"])
-    assert "| peak lr | vanilla | hires | hires-old-default |" in (tmp_path / "stability.md").read_text()
+    text = (tmp_path / "stability.md").read_text()
+    assert "| peak lr | control | plain twin | hires | hires-old-default |" in text
+    assert text.index("Checks of `hires` against the control") < text.index("against the plain twin")
     assert (tmp_path / "stability.png").stat().st_size > 10_000
     # Another seed is another run (weights and batch order), written next to the first rather than over it.
     seed1 = ["--smoke", "--seed", "1", "--archs", "vanilla", "hires", "--lrs", "1e-3", "--out-dir", str(tmp_path)]
     assert stability(seed1) == 0
     reseeded = json.loads((tmp_path / "stability_seed1.json").read_text())["runs"]
     first = {(r["arch"], r["lr"]): r["final_loss"] for r in payload["runs"]}
-    assert [(r["arch"], r["lr"]) for r in reseeded] == [("vanilla", 1e-3), ("hires", 1e-3)]
+    assert [(r["arch"], r["lr"]) for r in reseeded] == [("plain-twin", 1e-3), ("hires", 1e-3)]  # the old name works
     assert reseeded[1]["final_loss"] != pytest.approx(first["hires", 1e-3], abs=1e-6)
 
 
@@ -240,7 +289,7 @@ def test_stability_extend_runs_only_the_missing_cells_of_the_same_experiment(tmp
     first = json.loads((tmp_path / "stability.json").read_text())["runs"]
     assert stability([*out, "--extend", "--lrs", "1e-3", "3e-3"]) == 0
     runs = json.loads((tmp_path / "stability.json").read_text())["runs"]
-    assert [(r["arch"], r["lr"]) for r in runs] == [("vanilla", 1e-3), ("vanilla", 3e-3)]
+    assert [(r["arch"], r["lr"]) for r in runs] == [("plain-twin", 1e-3), ("plain-twin", 3e-3)]
     assert runs[0] == first[0]  # kept, not re-run
     with pytest.raises(SystemExit, match="differs in vanilla_steps"):
         stability([*out, "--extend", "--lrs", "5e-3", "--vanilla-steps", "3"])

@@ -260,8 +260,10 @@ def train_run(
     evaluations: int = 8,
     precision: str = "auto",
     keep: Callable[[nn.Module], None] | None = None,
+    **hooks: Callable[..., None],
 ) -> Run:
-    """Train `arm` at peak `lr` for the budget's FLOPs; `keep(model)` sees the trained model (to save it)."""
+    """Train `arm` at peak `lr` for the budget's FLOPs; `keep(model)` sees the trained model (to save it);
+    `hooks` (`on_step`, `before_update`, `after_update`) go to the loop: a progress bar, diagnostics."""
     flops_per_token = arm.flops_per_token(shape, data)
     steps = budget.steps(flops_per_token, data.context)
     if steps < 1:
@@ -279,7 +281,7 @@ def train_run(
         seed=seed,
         precision=precision,
     )
-    result: LoopResult = train_loop(model, data.train, data.validation, settings)
+    result: LoopResult = train_loop(model, data.train, data.validation, settings, **hooks)
     if keep is not None:
         keep(model)
     tokens_per_step = budget.batch_size * data.context

@@ -52,6 +52,7 @@ COMMANDS = {
     "train",
     "demo",
     "ladder",
+    "compare",
     "eval",
     "perplexity",
     "scaling",

@@ -15,6 +15,9 @@ def test_info_prints_costs_next_to_the_vanilla_twin(capsys: pytest.CaptureFixtur
     assert main(["info", "tiny", "--seq-len", "64"]) == 0
     out = capsys.readouterr().out
     assert "vanilla twin" in out and "HiRes (D=128, k=2)" in out and "overhead" in out
+    assert "context of 64 tokens" in out  # the context the FLOPs depend on is said, not assumed
+    assert main(["info", "tiny"]) == 0  # by default, the model's own context
+    assert "context of 512 tokens (the model's max_position_embeddings" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

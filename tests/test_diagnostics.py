@@ -119,11 +119,14 @@ def test_inspect_plots_a_run_and_probes_a_model_folder(diagnosed_run, capsys):
     assert "| step | final shared |" in capsys.readouterr().out
     assert (diagnosed_run / "diagnostics.png").stat().st_size > 10_000
     folder = diagnosed_run / "model"
+    files = sorted(path.name for path in folder.iterdir())
     assert main(["inspect", str(folder), "--seq-len", "16", "--batch", "2"]) == 0
     out = capsys.readouterr().out
     assert "| block | stream RMS |" in out and "top singular values read_out" in out
-    probe = json.loads((folder / "inspect.json").read_text())
-    assert len(probe["units"]) == 2 and (folder / "inspect.png").is_file()
+    assert sorted(path.name for path in folder.iterdir()) == files  # nothing lands in the model (publish uploads it)
+    beside = diagnosed_run / "model-inspect"
+    probe = json.loads((beside / "inspect.json").read_text())
+    assert len(probe["units"]) == 2 and (beside / "inspect.png").is_file()
 
 
 def test_inspect_of_something_else_is_one_line(tmp_path, capsys):

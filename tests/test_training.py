@@ -282,7 +282,9 @@ def test_cli_empty_data(tmp_path, capsys):
 
 
 def test_cli_unknown_preset(tmp_path, capsys):
-    assert "not-a-preset" in _cli_error(["train", "--model", "not-a-preset", "--output-dir", str(tmp_path)], capsys)
+    out = tmp_path / "runs" / "x"  # a failed command leaves no folder behind, parents included
+    assert "not-a-preset" in _cli_error(["train", "--model", "not-a-preset", "--output-dir", str(out)], capsys)
+    assert not (tmp_path / "runs").exists()
     assert "not-a-preset" in _cli_error(["demo", "--preset", "not-a-preset", "--output-dir", str(tmp_path)], capsys)
 
 
@@ -303,12 +305,13 @@ def test_cli_trains_then_continues_from_its_folder(text_file, tmp_path, capsys):
     config = tmp_path / "config.json"
     HiResConfig.from_preset("tiny", **SMALL).to_json_file(config)
     common = ["--data", str(text_file), "--block-size", str(BLOCK), "--batch-size", "4", "--threads", "1"]
-    assert (
-        cli_main(["train", "--model", str(config), *common, "--max-steps", "3", "--output-dir", str(tmp_path / "a")])
-        == 0
-    )
+    train_a = ["train", "--model", str(config), *common, "--max-steps", "3", "--diagnostics-every", "2"]
+    assert cli_main([*train_a, "--output-dir", str(tmp_path / "a")]) == 0
     first = tmp_path / "a" / "model"
     assert (first / "tokenizer.json").is_file() and "validation loss" in capsys.readouterr().out
+    # what `hires-hf inspect` tells the user to do works: the run's diagnostics are found from OUTPUT_DIR
+    assert cli_main(["inspect", str(tmp_path / "a")]) == 0
+    assert "| step | final shared |" in capsys.readouterr().out
     # The folder's tokenizer truncates where the model's context ends, and carries no loading flags.
     tokenizer_config = json.loads((first / "tokenizer_config.json").read_text())
     context = json.loads((first / "config.json").read_text())["max_position_embeddings"]

@@ -13,14 +13,18 @@ from .recorder import DIAGNOSTICS_FILE, read_rows
 
 def run_inspect(args: argparse.Namespace) -> int:
     target = Path(args.target)
-    run_file = target if target.is_file() else target / DIAGNOSTICS_FILE
-    if run_file.is_file() and run_file.suffix == ".jsonl":
+    # a diagnostics.jsonl, a Trainer output folder holding one, or `hires-hf train`'s OUTPUT_DIR (in checkpoints/)
+    candidates = (
+        [target] if target.is_file() else [target / DIAGNOSTICS_FILE, target / "checkpoints" / DIAGNOSTICS_FILE]
+    )
+    run_file = next((path for path in candidates if path.is_file() and path.suffix == ".jsonl"), None)
+    if run_file is not None:
         return _inspect_run(run_file, Path(args.out) if args.out else run_file.parent)
     if (target / "config.json").is_file():
         return _inspect_model(target, args)
     raise HiResUserError(
-        f"{target} holds neither a {DIAGNOSTICS_FILE} (a run trained with DiagnosticsCallback or --diagnostics-every)"
-        " nor a config.json (a model folder); pass one of those."
+        f"{target} holds neither a {DIAGNOSTICS_FILE} (a run trained with `hires-hf train --diagnostics-every N` or"
+        " with DiagnosticsCallback) nor a config.json (a model folder); pass one of those."
     )
 
 
@@ -67,7 +71,10 @@ def _inspect_model(folder: Path, args: argparse.Namespace) -> int:
         probe["attention_entropy"] = attention_entropy(model, ids)
         probe["spectra"] = projection_spectra(model)
     print(probe_table(probe))
-    out_dir = Path(args.out) if args.out else folder
+    # never into the model folder itself: whatever lands there would be published with the model
+    out_dir = Path(args.out) if args.out else folder.resolve().parent / f"{folder.resolve().name}-inspect"
+    if out_dir.resolve() == folder.resolve():
+        raise HiResUserError(f"--out {out_dir} is the model folder; choose another folder for the figure.")
     figure = plot_probe(probe, out_dir / "inspect.png", title=str(folder))
     (out_dir / "inspect.json").write_text(json.dumps(probe, indent=1))
     print(f"figure: {figure}\nnumbers: {out_dir / 'inspect.json'}")
@@ -126,14 +133,15 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "inspect",
         help="look inside a model folder or a training run (wide stream per block, spectra, update ratios)",
-        description="A model folder: one probe per block on held-out text (table, inspect.png, inspect.json). "
-        "A run folder or diagnostics.jsonl: the diagnostics over training steps (table, diagnostics.png).",
+        description="A model folder: one probe per block on held-out text (table; inspect.png and inspect.json in "
+        "MODEL_DIR-inspect/ next to it, or --out). A run folder or diagnostics.jsonl: the diagnostics over training "
+        "steps (table, diagnostics.png next to the diagnostics).",
     )
     parser.add_argument("target", help="a saved model folder, a run output folder, or a diagnostics.jsonl")
     parser.add_argument("--text", help="probe text file (default: held-out Python stdlib sources)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--out", help="folder for the figure (default: next to the target)")
+    parser.add_argument("--out", help="folder for the figure (default: next to the target, never inside a model)")
     parser.set_defaults(func=run_inspect)
 
 

@@ -10,6 +10,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
+
+# What a healthy model looks like on these probes (docs/stability.md): a stream that carries its tokens has a
+# small shared fraction (~0.1; 1 means every token carries the same vector), and a block adds to the stream
+# rather than replacing it (write / stream below ~1).
+HEALTHY_SHARED, HEALTHY_WRITE = 0.5, 1.0
 
 
 def _series(rows: Sequence[dict[str, Any]], key: str) -> dict[int, list[float]]:
@@ -52,6 +58,8 @@ def plot_run(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "") 
     axes[0, 0].plot(steps, [row["final_shared"] for row in rows], "k--", label="final hidden")
     axes[0, 0].legend(fontsize=7, ncol=2)
     axes[0, 0].set_ylim(-0.02, 1.02)
+    _healthy(axes[0, 0], HEALTHY_SHARED, "healthy below (1 = every token the same)")
+    _healthy(axes[0, 1], HEALTHY_WRITE, "healthy below (a block adds, not replaces)")
     return _save(fig, title or "HiRes training diagnostics", path)
 
 
@@ -69,10 +77,20 @@ def plot_probe(probe: dict[str, Any], path: str | Path, title: str = "") -> Path
     axes[2].plot(range(len(entropy)), entropy, marker="o")
     axes[2].set_title("attention entropy / uniform, per layer", fontsize=10)
     axes[2].set_ylim(0, 1.05)
+    _healthy(axes[0], HEALTHY_SHARED, "healthy below (1 = every token the same)")
+    _healthy(axes[1], HEALTHY_WRITE, "healthy below (a block adds, not replaces)")
     for ax in axes[:2]:
         ax.set_xlabel("block")
     axes[2].set_xlabel("layer")
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # blocks and layers are whole numbers
     return _save(fig, title, path)
+
+
+def _healthy(ax: plt.Axes, value: float, label: str) -> None:
+    """A dashed line at the edge of healthy values, with a legend entry saying which side is healthy."""
+    ax.axhline(value, color="green", linestyle=":", linewidth=1, label=label)
+    ax.legend(fontsize=7)
 
 
 def _save(fig: plt.Figure, title: str, path: str | Path) -> Path:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..configuration_hires import PRESETS, HiResConfig
+from ..diagnostics import DiagnosticsCallback
 from ..errors import HiResUserError
 from ..info import load_config
 from .data import Corpus, PackedDataset, load_default_corpus, load_hub_dataset, load_text_files, pack
@@ -27,7 +28,21 @@ from .trainer import TrainSettings, ensure_writable, require_checkpoint, shardin
 
 
 def run_train(args: argparse.Namespace) -> int:
+    """`hires-hf train`; a run that fails before its first checkpoint leaves no folder it created behind."""
+    output_dir = Path(args.output_dir)
+    created = [path for path in (output_dir, *output_dir.parents) if not path.exists()]
+    try:
+        return _train(args)
+    except BaseException:
+        if created and not any(output_dir.glob("checkpoints/checkpoint-*")):
+            shutil.rmtree(created[-1], ignore_errors=True)  # the outermost folder this command made
+        raise
+
+
+def _train(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
+    if args.diagnostics_every is not None and args.diagnostics_every < 1:
+        raise HiResUserError(f"--diagnostics-every must be a positive number of steps, got {args.diagnostics_every}.")
     parallel = _parallel_sizes(args, int(os.environ.get("WORLD_SIZE", "1")))
     output_dir = Path(args.output_dir)
     ensure_writable(output_dir)
@@ -46,6 +61,9 @@ def run_train(args: argparse.Namespace) -> int:
     train_data = PackedDataset(pack(encode_documents(tokenizer, corpus.train), args.block_size, tokenizer.eos_token_id))
     eval_blocks = pack(encode_documents(tokenizer, corpus.validation), args.block_size, tokenizer.eos_token_id)
     eval_data = PackedDataset(eval_blocks[: args.eval_blocks])
+    # every N optimizer steps, the wide stream per block on a few validation blocks (`hires-hf inspect`)
+    every = args.diagnostics_every
+    callbacks = [DiagnosticsCallback(eval_blocks[:8], every=every)] if every else []
     settings = TrainSettings(
         max_steps=args.max_steps,
         batch_size=args.batch_size,
@@ -64,7 +82,13 @@ def run_train(args: argparse.Namespace) -> int:
         **parallel,
     )
     result = train_model(
-        args.model if pretrained else config, tokenizer, train_data, eval_data, settings, output_dir=output_dir
+        args.model if pretrained else config,
+        tokenizer,
+        train_data,
+        eval_data,
+        settings,
+        output_dir=output_dir,
+        callbacks=callbacks,
     )
     if int(os.environ.get("RANK", "0")) == 0:
         print(
@@ -211,6 +235,13 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     opt.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: none)")
     opt.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
     opt.add_argument("--seed", type=int, default=0)
+    opt.add_argument(
+        "--diagnostics-every",
+        type=int,
+        metavar="N",
+        help="every N steps, record the wide stream per block to OUTPUT_DIR/checkpoints/diagnostics.jsonl "
+        "(read it with `hires-hf inspect OUTPUT_DIR`)",
+    )
     hw = train.add_argument_group("hardware")
     hw.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     hw.add_argument("--tf32", action="store_true", help="TF32 matmuls (Ampere+ GPUs)")

@@ -240,7 +240,9 @@ def test_demo_smoke_writes_table_plot_and_loadable_models(tmp_path, capsys, capl
     table = (tmp_path / "table.md").read_text()
     assert "| hires |" in table and "| vanilla |" in table and table in printed
     assert (tmp_path / "loss_vs_flops.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    summary = json.loads((tmp_path / "results.json").read_text())["results"]
+    written = json.loads((tmp_path / "results.json").read_text())  # the run's summary: what the README quotes
+    summary = written["results"]
+    assert "stdlib_next_line" in written["downstream"]["hires"]  # and the downstream tasks' numbers
     hires, vanilla = summary["hires"], summary["vanilla"]
     assert hires["flops_per_token"] > vanilla["flops_per_token"]  # HiRes pays for its read / write projections
     step_flops = max(hires["flops"] / hires["extra"]["steps"], vanilla["flops"] / vanilla["extra"]["steps"])

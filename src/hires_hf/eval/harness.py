@@ -212,7 +212,7 @@ def _metrics(task_results: dict[str, Any]) -> list[tuple[str, Any, Any]]:
 
 def _number(value: Any) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4g}"
+        return f"{value:.4f}" if abs(value) < 1e4 else f"{value:,.0f}"  # 20,140,000 rather than 2.014e+07
     return "" if value in (None, "N/A") else str(value)
 
 

@@ -1,6 +1,6 @@
 """Training HiRes: data (embedded stdlib corpus, local files), tokenizers, HF Trainer wiring, the demo.
 
-The Python API other parts reuse (e.g. the scaling ladder in `hires_hf.eval`):
+The Python API other parts reuse (e.g. the scaling ladder in `hires_hf.training.ladder`):
 
     corpus = load_default_corpus(max_chars=2_000_000)
     tokenizer = build_tokenizer(corpus.train, vocab_size=512)

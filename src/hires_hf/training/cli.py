@@ -258,6 +258,6 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--smoke", action="store_true", help="a seconds-long run (tiny data and steps) for tests")
     demo.add_argument("--preset", default="tiny", help=f"HiRes preset ({presets})")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a shared CPU)")
+    demo.add_argument("--threads", type=int, help="torch CPU threads (default: every core)")
     demo.add_argument("--output-dir", default="runs/demo", help="table.md, loss_vs_flops.png, hires/, vanilla/")
     demo.set_defaults(func=run_demo_command)

@@ -132,10 +132,10 @@ def run_demo(output_dir: str | Path = "runs/demo", settings: DemoSettings | None
     table = comparison_table(results)
     plot = plot_curves(results, output_dir / "loss_vs_flops.png")
     samples = {name: sample(result.model_dir, tokenizer, settings) for name, result in results.items()}
-    _write_report(output_dir, table, results, samples)
     downstream = None
     if settings.downstream_limit != 0:
         downstream = evaluate_downstream({name: r.model_dir for name, r in results.items()}, output_dir, settings)
+    _write_report(output_dir, table, results, samples)
     print("\n" + table + "\n")
     if downstream:
         print(f"Offline downstream tasks (lm-eval; stdlib_next_line: chance 0.25):\n{downstream}\n")
@@ -251,6 +251,10 @@ def _write_report(output_dir: Path, table: str, results: dict[str, TrainResult],
         "results": {name: {**result.to_json(), "history": None} for name, result in results.items()},
         "samples": samples,
     }
+    downstream = output_dir / "downstream.json"  # the offline lm-eval tasks, when they ran: their metrics
+    if downstream.is_file():
+        models = json.loads(downstream.read_text())["models"]
+        summary["downstream"] = {name: evaluation.get("results") for name, evaluation in models.items()}
     for name, text in (("table.md", table + "\n"), ("results.json", json.dumps(summary, indent=2))):
         staging = output_dir / (name + ".tmp")
         staging.write_text(text)

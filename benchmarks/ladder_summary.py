@@ -62,25 +62,33 @@ def summary(runs_path: Path, title: str, command: str, trained_by: str | None = 
 
 
 def _twin_line(records: list[dict]) -> str:
-    """Which twin: the one transformers builds, or the control with HiRes's embedding scale (`--scaled-twin`)."""
+    """Which baseline `vanilla` is: the control with HiRes's embedding scale (the ladder's default since it runs on
+    the experiment harness), or the twin transformers builds (older RUNS files)."""
     multipliers = {r.get("twin_embedding_multiplier") for r in records if r["arch"] == "vanilla"}
+    has_plain = any(r["arch"] == "plain-twin" for r in records)
+    plain = " `plain-twin` is transformers' twin as it ships." if has_plain else ""
     if multipliers == {None}:
-        return ""
+        return " `vanilla` is the plain transformers twin (no control in these runs)." + plain
     shown = "/".join(f"{m:g}" for m in sorted(m for m in multipliers if m))
-    return f" The twin is the control: its embeddings are multiplied by {shown} in the forward, as HiRes's are."
+    return (
+        f" `vanilla` is the control: the Llama twin with its embeddings multiplied by {shown} in the forward, as "
+        "HiRes's are." + plain
+    )
 
 
 def _protocol_lines(records: list[dict]) -> list[str]:
     """The learning-rate sweep, the check of the width rule and the MoE point, where the ladder ran them."""
     lines = []
-    extra = [r for r in records if r.get("role") in ("sweep", "rule-check", "moe")]
+    extra = [r for r in records if r.get("role") in ("sweep", "rule-check", "rate-check", "moe")]
     if not extra:
         return lines
-    lines += ["", "| role | size | arch | peak lr | tokens | final loss |", "|---|---|---|---:|---:|---:|"]
+    lines += ["", "| role | size | arch | peak lr | steps | tokens | final loss |", "|---|---|---|---:|---:|---:|---:|"]
     for r in extra:
         loss = f"{r['loss']:.4f}" if "error" not in r else f"failed: {r['error']}"
+        role = f"{r['role']} ({r['bracket']})" if r.get("bracket") else r["role"]
         lines.append(
-            f"| {r['role']} | {r['size']} | {r['arch']} | {r['learning_rate']:.3g} | {r.get('tokens', 0):,} | {loss} |"
+            f"| {role} | {r['size']} | {r['arch']} | {r['learning_rate']:.3g} | {r.get('steps', '')} "
+            f"| {r.get('tokens', 0):,} | {loss} |"
         )
     return lines
 

@@ -169,8 +169,24 @@ def _settings_of(records: list[dict[str, Any]], settings: LadderSettings) -> dic
         "budget_minutes": settings.budget_minutes,
         "eval_blocks": first.get("eval_blocks"),
         "twin": next((r.get("model_type", "?") for r in records if r["arch"] == "vanilla"), "?"),
+        "control": any(r.get("twin_embedding_multiplier") for r in records if r["arch"] == "vanilla"),
+        "rates": sorted({r["learning_rate"] for r in records if "learning_rate" in r}),
         "threads": settings.threads,
     }
+
+
+def _baseline(settings: dict[str, Any]) -> str:
+    """The vanilla side: the control (the ladder's baseline since it runs on the harness) or the plain twin."""
+    if settings.get("control"):
+        return f"the control (its {settings['twin']} twin with HiRes's embedding scale)"
+    return f"its vanilla {settings['twin']} twin"
+
+
+def _rates(settings: dict[str, Any]) -> str:
+    rates = settings.get("rates") or [settings["learning_rate"]]
+    if len(rates) == 1:
+        return f"peak lr {rates[0]:g} (the same for every run, not tuned per architecture)"
+    return "each architecture at the best peak lr of its own bracketed sweep at the smallest size"
 
 
 # ---------------------------------------------------------------------------------------------- figures
@@ -262,10 +278,10 @@ def render(section: dict[str, Any], fit: ScalingReport, figures: list[str]) -> s
         _provenance(section),
         "",
         f"Ladder: sizes {', '.join(s['sizes'])} (d x L; D = 2d, k = 2, heads of 16 dims, SwiGLU ~8d/3 unless a "
-        f"preset), HiRes and its vanilla {s['twin']} twin, {s['seeds']} seed(s) each, on the Python standard library's "
+        f"preset), HiRes and {_baseline(s)}, {s['seeds']} seed(s) each, on the Python standard library's "
         f"sources (split by file) with one shared byte-level BPE of {s['vocab_size']} tokens; blocks of "
-        f"{s['block_size']} tokens, batch {s['batch_size']}, AdamW, peak lr {s['learning_rate']:g} (the same for "
-        "every run, not tuned per architecture), 5% warm-up then cosine to the end of each run. "
+        f"{s['block_size']} tokens, batch {s['batch_size']}, AdamW, {_rates(s)}, 5% warm-up then cosine to the end "
+        "of each run. "
         "**Matched compute**: at each size both architectures spend the same counted training FLOPs "
         "(`hires_hf.accounting`: 6 x forward multiply-accumulates per token), "
         "so HiRes, which pays for its read/write projections, sees "

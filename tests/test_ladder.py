@@ -28,7 +28,6 @@ from hires_hf.training.ladder import (
     plan_jobs,
     run_ladder,
     time_scale,
-    width_rule,
 )
 
 
@@ -93,36 +92,60 @@ def test_each_architecture_trains_at_its_own_learning_rate(tmp_path):
 
 
 @pytest.mark.slow
-def test_scaled_twin_control_changes_only_the_twin(smoke_runs, tmp_path):
-    import json
-
+def test_the_baseline_is_the_control_and_plain_twin_adds_a_second_row(smoke_runs, tmp_path):
     out = tmp_path / "runs.jsonl"
-    assert hires_hf(["ladder", "--smoke", "--seeds", "2", "--quiet", "--scaled-twin", "--out", str(out)]) == 0
+    assert hires_hf(["ladder", "--smoke", "--seeds", "2", "--quiet", "--plain-twin", "--out", str(out)]) == 0
 
     def by_run(path: Path) -> dict:
         return {(r["arch"], r["size"], r["seed"]): r for r in map(json.loads, path.read_text().splitlines())}
 
-    plain, scaled = by_run(smoke_runs), by_run(out)
-    assert plain.keys() == scaled.keys()
-    for key, run in scaled.items():
-        if key[0] == "hires":  # HiRes runs are the same runs: same seed, batches and loss
-            assert (
-                run["loss"] == pytest.approx(plain[key]["loss"], rel=1e-6) and run["twin_embedding_multiplier"] is None
-            )
-        else:  # the twin's embeddings enter 1/initializer_range = 50x larger, and it trains differently
-            assert run["twin_embedding_multiplier"] == pytest.approx(50.0)
-            assert run["loss"] != pytest.approx(plain[key]["loss"], abs=1e-4)
-    from benchmarks.ladder_summary import summary  # the RESULTS section says which twin it compares against
+    default, with_plain = by_run(smoke_runs), by_run(out)
+    assert with_plain.keys() == default.keys() | {("plain-twin", size, seed) for _, size, seed in default}
+    for key, run in default.items():  # the same runs: same seed, batches and loss
+        assert with_plain[key]["loss"] == pytest.approx(run["loss"], rel=1e-6)
+        # the baseline's embeddings enter 1/initializer_range = 50x larger (the control); HiRes has no hook
+        assert run["twin_embedding_multiplier"] == (pytest.approx(50.0) if key[0] == "vanilla" else None)
+    for (arch, size, seed), run in with_plain.items():
+        if arch == "plain-twin":  # transformers' twin as it ships: same layers and FLOPs, trains differently
+            control = default["vanilla", size, seed]
+            assert run["twin_embedding_multiplier"] is None and run["flops"] == control["flops"]
+            assert run["loss"] != control["loss"]  # 3 smoke steps: different, if only a little
+    from benchmarks.ladder_summary import summary  # the RESULTS section says what the baseline is
 
-    control = "The twin is the control: its embeddings are multiplied by 50"
-    assert control in summary(out, "scaled", "cmd") and control not in summary(smoke_runs, "plain", "cmd")
+    text = summary(out, "control", "cmd")
+    assert "`vanilla` is the control: the Llama twin with its embeddings multiplied by 50" in text
+    assert "`plain-twin` is transformers' twin as it ships" in text
+
+
+def test_ladder_and_compare_build_the_same_config_for_the_same_shape():
+    """One shape rule: "DxL" gives the config `hires-hf compare --model DxL` trains (SwiGLU rounding included)."""
+    from hires_hf.experiments.compare import load_hires_config
+
+    settings = LadderSettings(layers_per_block=4, head_dim=64, width_factor=2, vocab_size=4096, block_size=1024)
+    for spec in ("128x16", "192x8", "320x8"):
+        ladder, compare = make_rung(spec, settings, None).hires, load_hires_config(spec)
+        assert ladder.to_dict() == compare.to_dict(), spec
+    assert make_rung("192x8", settings, None).hires.intermediate_size == 512  # ~8d/3 rounded up to a multiple of 8
+
+
+def test_sweep_runs_shorter_than_the_floor_are_refused_in_one_line(monkeypatch):
+    """A sweep chooses rates only from runs of at least MIN_STEPS steps (the GPU ladder's sweep once ran 26): a
+    timed ladder that leaves fewer refuses before training."""
+    from hires_hf.training import ladder
+
+    monkeypatch.setattr(ladder, "time_train_step", lambda *args: 1.0)  # 1 s a step: 10 minutes buy a few steps
+    settings = LadderSettings(sizes=("32x2", "64x4"), seeds=1, budget_minutes=10)
+    rungs = build_rungs(settings)
+    with pytest.raises(HiResUserError, match=f"at least {ladder.MIN_STEPS} needed: a sweep chooses rates") as error:
+        ladder.plan_scale(rungs, plan_jobs(rungs, settings), settings, torch.device("cpu"), spent=0.0, progress=False)
+    assert "\n" not in str(error.value) and ladder.MIN_STEPS >= 80
 
 
 def test_timed_budget_fits_the_wall_clock():
     """The planned runs' predicted seconds add up to the budget left after the reserve and overheads."""
     from hires_hf.training import ladder
 
-    settings = LadderSettings(sizes=("32x2", "64x4"), seeds=2, budget_minutes=10)
+    settings = LadderSettings(sizes=("32x2", "64x4"), seeds=2, budget_minutes=10, lr_sweep=())
     rungs = build_rungs(settings)
     jobs = plan_jobs(rungs, settings)
     timings = {(rung.name, arch): 0.01 * rung.flops_per_token[arch] / 1e5 for rung in rungs for arch in ladder.ARCHS}
@@ -231,9 +254,10 @@ def test_gpu_preset_plans_sweep_then_ladder_then_moe_and_rule_check():
     moe = make_rung(settings.moe_size, settings, None, moe=True)
     jobs = plan_jobs(rungs, settings, moe)
     roles = [job.role for job in jobs]
-    # first the learning-rate sweep (both archs, every rate), last the rule check (both archs), one MoE pair
+    # first the learning-rate sweep (both archs, every rate), last the check of the carried rate (x2 and /2 for
+    # both archs), one MoE pair
     sweeps = 2 * len(settings.lr_sweep)
-    assert roles[:sweeps] == ["sweep"] * sweeps and roles[-2:] == ["rule-check"] * 2 and roles.count("moe") == 2
+    assert roles[:sweeps] == ["sweep"] * sweeps and roles[-4:] == ["rate-check"] * 4 and roles.count("moe") == 2
     names = [rung.name for rung in rungs]
     assert {job.rung.name for job in jobs if job.role == "sweep"} == {names[0]}  # swept at the smallest rung
     # every rung at seed 0 (the smallest through its sweep's winner), the two smallest at a second seed too
@@ -242,16 +266,23 @@ def test_gpu_preset_plans_sweep_then_ladder_then_moe_and_rule_check():
     assert moe.vanilla.model_type == "olmoe" and moe.hires.num_experts > 0
 
 
-def test_gpu_smoke_ladder_carries_the_best_swept_rate_up_by_width_and_fits(gpu_smoke_runs):
+def test_gpu_smoke_ladder_carries_the_best_bracketed_rate_up_unchanged_and_fits(gpu_smoke_runs):
     records = [json.loads(line) for line in gpu_smoke_runs.read_text().splitlines()]
     best = best_rates(records)
     assert set(best) == {"hires", "vanilla"}
+    for arch in best:  # each sweep extended past its grid (1e-3, 3e-3) until bracketed, or says where it stopped
+        swept = sorted(r["learning_rate"] for r in records if r["role"] == "sweep" and r["arch"] == arch)
+        statuses = {r["bracket"] for r in records if r["role"] == "sweep" and r["arch"] == arch}
+        assert len(statuses) == 1 and len(swept) >= 2
+        if statuses == {"bracketed"}:
+            assert swept[0] < best[arch] < swept[-1]
+        else:
+            assert len(swept) == 2 + 3  # the grid and every extension the harness allows
     for record in records:
-        if record["role"] in ("ladder", "moe"):
-            expected = width_rule(best[record["arch"]], 16, record["hidden_size"])
-            assert record["learning_rate"] == pytest.approx(expected)
-        if record["role"] == "rule-check":
+        if record["role"] in ("ladder", "moe"):  # no 1/width rule on top of the write multiplier's own
             assert record["learning_rate"] == best[record["arch"]]
+        if record["role"] == "rate-check":
+            assert record["learning_rate"] in (pytest.approx(best[record["arch"]] * 2), best[record["arch"]] / 2)
     fitted = {(r["size"], r["arch"]) for r in records if r["fit"]}
     assert fitted == {(size, arch) for size in ("16x2", "32x2") for arch in ("hires", "vanilla")}
     runs = read_runs(gpu_smoke_runs)  # sweep losers, the rule check and the MoE point stay out of the fit

@@ -6,13 +6,14 @@ import argparse
 from pathlib import Path
 
 from ..errors import HiResUserError
-from .ladder import LadderSettings, run_ladder, settings_with
+from .ladder import MIN_STEPS, LadderSettings, run_ladder, settings_with
 
 
 def run_ladder_command(args: argparse.Namespace) -> int:
     base = {"cpu": LadderSettings, "gpu": LadderSettings.gpu}[args.preset]()
     if args.smoke:
         base = LadderSettings.smoke(**({"lr_sweep": (1e-3, 3e-3), "moe_size": "32x2"} if args.preset == "gpu" else {}))
+    fixed_rate = (args.lr is not None or args.hires_lr is not None) and not args.lr_sweep
     settings = settings_with(
         base,
         sizes=tuple(args.sizes) if args.sizes else None,
@@ -26,8 +27,8 @@ def run_ladder_command(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         learning_rate=args.lr,
         hires_learning_rate=args.hires_lr,
-        scaled_twin=args.scaled_twin or None,
-        lr_sweep=tuple(args.lr_sweep) if args.lr_sweep else None,
+        plain_twin=args.plain_twin or None,
+        lr_sweep=tuple(args.lr_sweep) if args.lr_sweep else () if fixed_rate else None,  # --lr: no sweep
         moe_size=args.moe_size,
         corpus=args.corpus,
         max_chars=args.max_chars,
@@ -46,13 +47,15 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     defaults = LadderSettings()
     parser = subparsers.add_parser(
         "ladder",
-        help="train HiRes and its vanilla twin at several sizes (equal counted FLOPs per size); writes a RUNS file",
-        description="Each size gets one counted-FLOPs budget that HiRes and its vanilla twin both spend (HiRes "
-        "sees fewer tokens); budgets grow with the square of the size's FLOPs per token and are scaled to fit "
-        "--budget-minutes of wall clock, from synchronised step timings on the training device (CUDA when there "
-        "is one, bf16 autocast). --preset gpu: four rungs of ~6M-110M parameters, a learning-rate sweep per "
-        "architecture at the smallest rung carried up by lr ~ 1/width, 2 seeds at the two smallest rungs and an "
-        "MoE point, in ~9 minutes of one H200.",
+        help="train HiRes and the vanilla control at several sizes (equal counted FLOPs per size); writes a RUNS file",
+        description="Each size gets one counted-FLOPs budget that HiRes and the baseline both spend (HiRes sees "
+        "fewer tokens). The baseline ('vanilla' in the RUNS file) is the control: the Llama twin with HiRes's "
+        "embedding scale; --plain-twin adds transformers' twin as it ships. Budgets grow with the square of the "
+        "size's FLOPs per token and are scaled to fit --budget-minutes of wall clock, from synchronised step "
+        "timings on the training device (CUDA when there is one, bf16 autocast). Each architecture's learning "
+        f"rate: a sweep at the smallest size, extended until its best is bracketed, carried up unchanged and "
+        f"checked one size up (runs of at least {MIN_STEPS} steps, else refused). --preset gpu: four rungs of "
+        "~6M-110M parameters, 2 seeds at the two smallest rungs and an MoE point, in ~9 minutes of one H200.",
     )
     parser.add_argument("--preset", choices=("cpu", "gpu"), default="cpu", help="the ladder's shape (default cpu)")
     parser.add_argument(
@@ -76,15 +79,26 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--vocab-size", type=int, help=f"shared BPE vocabulary (default {defaults.vocab_size})")
     train.add_argument("--block-size", type=int, help=f"tokens per block (default {defaults.block_size})")
     train.add_argument("--batch-size", type=int, help=f"blocks per step (default {defaults.batch_size})")
-    train.add_argument("--lr", type=float, help=f"peak learning rate (default {defaults.learning_rate:g})")
-    train.add_argument("--hires-lr", type=float, help="HiRes's own peak learning rate (default: --lr for both)")
+    train.add_argument("--lr", type=float, help="one peak learning rate for every architecture, no sweep")
+    train.add_argument("--hires-lr", type=float, help="HiRes's own peak learning rate, no sweep (default: --lr)")
+    sweep = " ".join(f"{rate:g}" for rate in defaults.lr_sweep)
     train.add_argument(
-        "--lr-sweep", type=float, nargs="+", metavar="LR", help="sweep these rates at the smallest size, per arch"
+        "--lr-sweep",
+        type=float,
+        nargs="+",
+        metavar="LR",
+        help=f"the starting grid swept at the smallest size, per architecture (default {sweep}; extended x2 until "
+        "the best rate is bracketed)",
+    )
+    train.add_argument(
+        "--plain-twin",
+        action="store_true",
+        help="add transformers' twin as it ships (embeddings unscaled) as a second row next to the control",
     )
     train.add_argument(
         "--scaled-twin",
         action="store_true",
-        help="a control: the twin's embeddings x 1/initializer_range, the scale HiRes's embedding enters at",
+        help="(the default now: the baseline is the control; kept for old commands)",
     )
     train.add_argument("--corpus", choices=("stdlib", "python"), help="stdlib, or the stdlib and site-packages")
     train.add_argument("--max-chars", type=int, help="characters of corpus to read")

@@ -1,7 +1,8 @@
-"""Learning-rate sensitivity: HiRes (k = 2 and k = 4) against its vanilla twin at matched counted FLOPs.
+"""Learning-rate sensitivity: HiRes (k = 2 and k = 4) against the vanilla control at matched counted FLOPs.
 
 The quality half trains every model at one learning rate. This sweep asks whether that choice decides the
-comparison: at each peak learning rate, HiRes and its Llama twin spend the same counted training FLOPs
+comparison: at each peak learning rate, HiRes, the control (the Llama twin with HiRes's embedding scale, the
+baseline) and the plain Llama twin spend the same counted training FLOPs
 (HiRes takes fewer steps), on the same batches, and the final validation losses are compared.
 
     python benchmarks/lr_sensitivity.py                      # d=96, L=8, D=2d; ~25 CPU minutes on one thread
@@ -22,59 +23,37 @@ from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
+from hires_hf.experiments.harness import CONTROL, HIRES, PLAIN, Arm
+
 RESULTS = Path(__file__).resolve().parent / "results"
+# The control (Llama with HiRes's embedding scale) is the baseline; the plain twin is a second row.
+ARMS = {
+    "control": Arm("control", CONTROL),
+    "plain twin": Arm("plain twin", PLAIN),
+    "hires k=2": Arm("hires k=2", HIRES, {"layers_per_block": 2}),
+    "hires k=4": Arm("hires k=4", HIRES, {"layers_per_block": 4}),
+}
 
 
 def run_one(job: dict) -> dict:
-    """Train one (architecture, lr) run in a fresh process; returns its final validation loss."""
+    """Train one (architecture, lr) run in a fresh process through the experiment harness (its data path, shape
+    rule, FLOP budget and loop); returns its final validation loss."""
     import torch
 
     torch.set_num_threads(1)
-    from hires_hf import HiResConfig
-    from hires_hf.training import (
-        PackedDataset,
-        TrainSettings,
-        build_tokenizer,
-        encode_documents,
-        load_default_corpus,
-        pack,
-        special_token_ids,
-        train_flops_per_token,
-        train_model,
-    )
-    from hires_hf.twins import vanilla_config
+    from hires_hf.experiments.harness import Budget, Shape, prepare_data, train_run
 
-    corpus = load_default_corpus(max_chars=4_000_000)
-    tokenizer = build_tokenizer(corpus.train, vocab_size=512, sample_chars=1_000_000)
-    eos = tokenizer.eos_token_id
-    train = PackedDataset(pack(encode_documents(tokenizer, corpus.train), job["block_size"], eos))
-    valid = PackedDataset(pack(encode_documents(tokenizer, corpus.validation), job["block_size"], eos)[:64])
-    d, layers = job["hidden_size"], job["layers"]
-    hires = HiResConfig(
-        vocab_size=512,
-        hidden_size=d,
-        intermediate_size=int(8 * d / 3 / 8 + 1) * 8,
-        num_hidden_layers=layers,
-        num_attention_heads=d // 16,
-        max_position_embeddings=2 * job["block_size"],
-        residual_size=2 * d,
-        layers_per_block=job["k"] or 2,
-        **special_token_ids(tokenizer),
-    )
-    config = hires if job["k"] else vanilla_config(hires)
-    flops = train_flops_per_token(config, job["block_size"])
-    vanilla_flops = train_flops_per_token(vanilla_config(hires), job["block_size"])
-    steps = int(job["vanilla_steps"] * vanilla_flops / flops)  # equal counted FLOPs
-    settings = TrainSettings(
-        max_steps=steps, batch_size=job["batch_size"], learning_rate=job["lr"], progress=False, save_model=False
-    )
-    scratch = Path(job["scratch"]) / f"{job['arch']}-{job['lr']}"
-    result = train_model(config, tokenizer, train, valid, settings, output_dir=scratch)
+    data = prepare_data("stdlib", 512, job["block_size"], max_chars=4_000_000, validation_fraction=0.05, progress=False)
+    shape = Shape(hidden_size=job["hidden_size"], num_hidden_layers=job["layers"], head_dim=16, vocab_size=512)
+    tokens_per_step = job["batch_size"] * job["block_size"]
+    control = ARMS["control"].flops_per_token(shape, data) * tokens_per_step
+    budget = Budget(job["vanilla_steps"] * control * (1 + 1e-9), job["batch_size"])  # equal counted FLOPs
+    run = train_run(ARMS[job["arch"]], job["lr"], shape, data, budget, evaluations=4)
     return {
         **job,
-        "steps": steps,
-        "flops": steps * job["batch_size"] * job["block_size"] * flops,
-        "loss": result.final_eval_loss,
+        "steps": run.steps,
+        "flops": run.steps * tokens_per_step * run.flops_per_token,
+        "loss": run.final_loss,
     }
 
 
@@ -85,7 +64,7 @@ def write_report(rows: list[dict], command: str) -> None:
     import matplotlib.pyplot as plt
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    archs = sorted({row["arch"] for row in rows}, key=lambda a: (a != "vanilla", a))
+    archs = [arch for arch in (*ARMS, "vanilla") if any(row["arch"] == arch for row in rows)]
     lrs = sorted({row["lr"] for row in rows})
     loss = {(row["arch"], row["lr"]): row["loss"] for row in rows}
     lines = [
@@ -96,7 +75,8 @@ def write_report(rows: list[dict], command: str) -> None:
         "",
         f"d={rows[0]['hidden_size']}, L={rows[0]['layers']}, D=2d, vocab 512, blocks of {rows[0]['block_size']} "
         f"tokens, batch {rows[0]['batch_size']}; vanilla takes {rows[0]['vanilla_steps']} steps and each HiRes "
-        "the steps that spend the same counted training FLOPs; one seed, same batches. Final validation loss:",
+        "the steps that spend the same counted training FLOPs; one seed, same batches; the experiment harness's loop. "
+        "The control (the baseline) is the Llama twin with HiRes's embedding scale. Final validation loss:",
         "",
         "| peak lr | " + " | ".join(archs) + " |",
         "|---:|" + "---:|" * len(archs),
@@ -139,24 +119,20 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
-    parser.add_argument("--scratch", default="runs/lr_sensitivity")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    archs = {"vanilla": 0, "hires k=2": 2, "hires k=4": 4}
     jobs = [
         {
             "arch": arch,
-            "k": k,
             "lr": lr,
             "hidden_size": args.hidden_size,
             "layers": args.layers,
             "vanilla_steps": args.vanilla_steps,
             "block_size": args.block_size,
             "batch_size": args.batch_size,
-            "scratch": args.scratch,
         }
         for lr in args.lrs
-        for arch, k in archs.items()
+        for arch in ARMS
     ]
     from tqdm import tqdm
 

@@ -125,7 +125,7 @@ def test_compare_on_a_users_jsonl(tmp_path, capsys):
     assert main(["compare", "--data", str(data), "--model", "tiny", "--smoke", "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "| hires |" in printed and "| control |" in printed
-    assert any(word in printed.splitlines()[-1] for word in ("beats", "trails", "within seed noise"))
+    assert any(word in printed.splitlines()[-1] for word in ("HiRes ends", "beats", "trails", "within seed noise"))
 
 
 @pytest.mark.parametrize(

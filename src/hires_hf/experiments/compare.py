@@ -11,7 +11,6 @@ architecture's best model as a folder `AutoModelForCausalLM.from_pretrained` loa
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import re
 import shutil
@@ -25,8 +24,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..configuration_hires import PRESETS, HiResConfig
+from ..configuration_hires import HiResConfig
 from ..errors import HiResUserError
+from ..info import load_config
 from ..io import write_json_atomic
 from ..training.loop import pick_device, time_train_step
 from ..training.tokenizer import save_tokenizer
@@ -104,33 +104,12 @@ class ArmResult:
 
 
 def load_hires_config(model: str, vocab_size: int | None = None) -> HiResConfig:
-    """A preset name, a shape "DxL" (the harness's rule: k=4, D=2d, heads of 64, the package's defaults), or a
-    config.json / model folder; anything that is not a HiRes config is refused. `vocab_size` overrides."""
-    vocab = {"vocab_size": vocab_size} if vocab_size else {}
-    if model in PRESETS:
-        return HiResConfig.from_preset(model, **vocab)
-    if SHAPE.match(model):
-        shape = Shape.parse(model)
-        return shape.config({}, context=1024, **vocab)
-    path = Path(model)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise HiResUserError(
-            f"--model {model!r} is neither a preset ({', '.join(sorted(PRESETS))}), a shape like 128x16, nor a "
-            "config.json / model folder."
-        )
-    try:
-        fields = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise HiResUserError(f"{path} is not valid JSON ({error.msg}, line {error.lineno}).") from None
-    kind = fields.get("model_type") if isinstance(fields, dict) else None
-    if kind != "hires":
-        raise HiResUserError(
-            f"{path} is a {kind or 'non-model'} config, not HiRes (model_type 'hires'): convert the model with "
-            "`hires-hf convert` or give a HiRes preset."
-        )
-    return HiResConfig.from_dict({**fields, **vocab})
+    """A preset, a config.json / model folder (`hires-hf info`'s rules: anything not HiRes is refused), or a
+    shape "DxL" (the harness's rule: k=4, D=2d, heads of 64, the package's defaults); `vocab_size` overrides."""
+    config = Shape.parse(model).config({}, context=1024) if SHAPE.match(model) else load_config(model)
+    if vocab_size:
+        config.vocab_size = vocab_size
+    return config
 
 
 def arms_for(plain_twin: bool) -> list[Arm]:

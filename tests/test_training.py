@@ -238,23 +238,72 @@ def test_demo_smoke_writes_table_plot_and_loadable_models(tmp_path, capsys, capl
     assert [r.getMessage() for r in caplog.records if r.name.startswith("lm_eval")] == []  # the tables stand out
     printed = capsys.readouterr().out
     table = (tmp_path / "table.md").read_text()
-    assert "| hires |" in table and "| vanilla |" in table and table in printed
+    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows == ["model", "control", "hires", "plain-twin"] and table in printed  # the baseline first
+    assert "HiRes minus control:" in table
     assert (tmp_path / "loss_vs_flops.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     written = json.loads((tmp_path / "results.json").read_text())  # the run's summary: what the README quotes
     summary = written["results"]
-    assert "stdlib_next_line" in written["downstream"]["hires"]  # and the downstream tasks' numbers
-    hires, vanilla = summary["hires"], summary["vanilla"]
-    assert hires["flops_per_token"] > vanilla["flops_per_token"]  # HiRes pays for its read / write projections
-    step_flops = max(hires["flops"] / hires["extra"]["steps"], vanilla["flops"] / vanilla["extra"]["steps"])
-    assert abs(hires["flops"] - vanilla["flops"]) <= step_flops  # equal counted FLOPs, to one step
-    for name, expected in (("hires", "HiResForCausalLM"), ("vanilla", "LlamaForCausalLM")):
+    assert written["baseline"] == "control" and list(summary) == ["control", "hires", "plain-twin"]
+    assert written["hires_minus_control"] == pytest.approx(
+        summary["hires"]["final_eval_loss"] - summary["control"]["final_eval_loss"]
+    )
+    assert set(written["downstream"]) == {"control", "hires", "plain-twin"}  # the downstream tasks' numbers
+    assert "stdlib_next_line" in written["downstream"]["hires"]
+    control, hires = summary["control"], summary["hires"]
+    assert hires["flops_per_token"] > control["flops_per_token"]  # HiRes pays for its read / write projections
+    assert summary["plain-twin"]["flops"] == control["flops"]  # the same layers: the same steps
+    step_flops = max(hires["flops"] / hires["extra"]["steps"], control["flops"] / control["extra"]["steps"])
+    assert abs(hires["flops"] - control["flops"]) <= step_flops  # equal counted FLOPs, to one step
+    for name, expected in (
+        ("control", "LlamaForCausalLM"),
+        ("hires", "HiResForCausalLM"),
+        ("plain-twin", "LlamaForCausalLM"),
+    ):
         model = AutoModelForCausalLM.from_pretrained(tmp_path / name / "model")
         assert type(model).__name__ == expected
         assert AutoTokenizer.from_pretrained(tmp_path / name / "model").eos_token == "<|endoftext|>"
         assert f"--- {name} sample ---" in printed
-    downstream = (tmp_path / "downstream.md").read_text()  # the offline lm-eval tasks, both models side by side
+    downstream = (tmp_path / "downstream.md").read_text()  # the offline lm-eval tasks, the three side by side
     header = downstream.splitlines()[0]
-    assert "stdlib_next_line" in downstream and "hires" in header and "vanilla" in header
+    assert "stdlib_next_line" in downstream and all(name in header for name in ("control", "hires", "plain-twin"))
+
+
+def test_demo_budget_fills_the_minutes_at_the_controls_timed_step(tokenizer, monkeypatch):
+    """Three runs of the control's timed steps fill the minutes the reserve leaves; HiRes gets fewer steps."""
+    from hires_hf.experiments import harness
+    from hires_hf.training import demo
+
+    monkeypatch.setattr(harness, "time_train_step", lambda *args: 0.5)  # 0.5 s a control step
+    settings = demo.DemoSettings.smoke(smoke_steps=None, budget_minutes=2.0)
+    blocks = torch.zeros(64, 32, dtype=torch.long)
+    data = harness.Data(blocks, blocks[:4], tokenizer, unigram_loss=1.0, source="blocks")
+    arms, shape = demo.demo_arms(), demo.demo_shape("tiny")
+    budget = demo.plan_budget(settings, arms, shape, data, spent_seconds=12.0)
+    seconds = 2.0 * 60 * (1 - demo.RESERVE) - 12.0
+    steps = {arm.name: budget.steps(arm.flops_per_token(shape, data), data.context) for arm in arms}
+    assert steps["control"] == steps["plain-twin"] == int(seconds / 3 / 0.5)
+    assert steps["hires"] < steps["control"]
+
+
+@pytest.mark.slow
+def test_demo_control_folder_is_the_trained_control(tmp_path):
+    """The control trains with its embedding scale as a hook, which is not saved: the folder must hold it in its
+    weights, so that the reloaded model scores the trained one's validation loss (and the plain twin's does not)."""
+    from hires_hf.training.demo import DemoSettings, demo_data, run_demo
+
+    settings = DemoSettings.smoke(downstream_limit=0)
+    result = run_demo(tmp_path, settings)
+    validation = demo_data(settings).validation  # the demo's data path is deterministic: the same blocks
+
+    def reloaded_loss(name: str) -> float:
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / name / "model").eval()
+        with torch.no_grad():
+            return model(input_ids=validation, labels=validation).loss.item()
+
+    assert reloaded_loss("control") == pytest.approx(result.results["control"].final_eval_loss, abs=1e-4)
+    assert reloaded_loss("plain-twin") == pytest.approx(result.results["plain-twin"].final_eval_loss, abs=1e-4)
+    assert abs(result.results["control"].final_eval_loss - result.results["plain-twin"].final_eval_loss) > 1e-3
 
 
 # ------------------------------------------------------------------------------------------ CLI errors

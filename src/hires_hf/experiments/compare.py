@@ -21,15 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 from tqdm.auto import tqdm
 
 from ..configuration_hires import HiResConfig
 from ..errors import HiResUserError
 from ..info import load_config
 from ..io import write_json_atomic
-from ..training.loop import pick_device, time_train_step
-from ..training.tokenizer import save_tokenizer
+from ..training.loop import pick_device
 from .harness import (
     CONTROL,
     HIRES,
@@ -40,10 +38,11 @@ from .harness import (
     Run,
     Shape,
     best_run,
-    control_multiplier,
     loss_at_flops,
     prepare_data,
+    save_model,
     sweep_rates,
+    timed_budget,
     train_run,
 )
 
@@ -124,15 +123,14 @@ def plan_budget(
     over the runs the comparison expects (RUNS_PER_ARM per arm, plus the extra seeds)."""
     control = next(a for a in arms if a.kind == CONTROL)
     tokens_per_step = settings.batch_size * data.context
-    step_flops = control.flops_per_token(shape, data) * tokens_per_step
     if settings.budget_flops is not None:
         flops = settings.budget_flops
     elif settings.budget_tokens is not None:
         flops = settings.budget_tokens * control.flops_per_token(shape, data)
     else:
-        seconds = time_train_step(control.config(shape, data), settings.batch_size, data.context, device)
         runs = len(arms) * (RUNS_PER_ARM + settings.seeds - 1)
-        flops = settings.budget_minutes * 60 / runs / seconds * step_flops
+        seconds = settings.budget_minutes * 60
+        flops = timed_budget(control, shape, data, settings.batch_size, seconds, runs, device).flops
     budget = Budget(flops=flops, batch_size=settings.batch_size)
     for arm in arms:
         if budget.steps(arm.flops_per_token(shape, data), data.context) < 1:
@@ -187,20 +185,6 @@ def flops_multiplier(runs: Sequence[Run], target: float) -> float | None:
             return math.exp(math.log(low) + t * (math.log(high) - math.log(low))) / points[-1]
     first = sum(loss_at_flops(r, points[0]) for r in runs) / len(runs)
     return points[0] / points[-1] if first <= target else None
-
-
-def save_model(model: nn.Module, arm: Arm, shape: Shape, data: Data, folder: Path) -> None:
-    """A loadable folder; the control's embedding scale is folded into its weights (Llama has no multiplier)."""
-    if arm.kind == CONTROL:
-        embedding = model.get_input_embeddings()
-        embedding._forward_hooks.clear()  # the scale moves from the hook into the weights
-        scale = control_multiplier(arm.hires_config(shape, data))
-        if model.config.tie_word_embeddings:
-            model.config.tie_word_embeddings = False
-            model.lm_head.weight = nn.Parameter(embedding.weight.detach().clone())
-        embedding.weight.data.mul_(scale)
-    model.save_pretrained(folder)
-    save_tokenizer(data.tokenizer, folder, model_max_length=data.context)
 
 
 def compare(settings: CompareSettings, out: Path | None = None, progress: bool = True) -> dict[str, Any]:

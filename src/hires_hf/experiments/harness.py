@@ -36,8 +36,8 @@ from ..accounting import train_flops_per_token
 from ..configuration_hires import HiResConfig
 from ..errors import HiResUserError
 from ..training.data import Corpus, load_default_corpus, load_python_sources, load_text_files, pack
-from ..training.loop import LoopResult, LoopSettings, train_loop
-from ..training.tokenizer import build_tokenizer, encode_documents, special_token_ids
+from ..training.loop import LoopResult, LoopSettings, time_train_step, train_loop
+from ..training.tokenizer import build_tokenizer, encode_documents, save_tokenizer, special_token_ids
 from ..twins import scale_twin_embedding, vanilla_config
 
 HIRES, CONTROL, PLAIN = "hires", "control", "plain"
@@ -151,15 +151,24 @@ def prepare_data(
     """One corpus, one tokenizer trained on its training split, packed blocks, a fixed validation slice."""
     corpus = load_corpus(source, max_chars, validation_fraction)
     tokenizer = build_tokenizer(corpus.train, vocab_size=vocab_size, sample_chars=2_000_000)
-    eos = tokenizer.eos_token_id
-    train = pack(encode_documents(tokenizer, corpus.train, progress=progress), context, eos)
-    validation = pack(encode_documents(tokenizer, corpus.validation, progress=progress), context, eos)[:eval_blocks]
+    train, validation = pack_splits(corpus, tokenizer, context, eval_blocks, progress)
     if len(train) == 0 or len(validation) == 0:
         raise HiResUserError(
             f"Too little text in {source}: {len(train)} training and {len(validation)} validation blocks of "
             f"{context} tokens; give more text or a shorter --context."
         )
     return Data(train, validation, tokenizer, unigram_loss(train, validation), str(source))
+
+
+def pack_splits(
+    corpus: Corpus, tokenizer: PreTrainedTokenizerBase, context: int, eval_blocks: int | None, progress: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, validation) blocks of `context` tokens, documents separated by eos; validation cut to its first
+    `eval_blocks` (None: all). The one packing rule: `hires-hf train` uses it with its own corpus and tokenizer."""
+    eos = tokenizer.eos_token_id
+    train = pack(encode_documents(tokenizer, corpus.train, progress=progress), context, eos)
+    validation = pack(encode_documents(tokenizer, corpus.validation, progress=progress), context, eos)
+    return train, validation[:eval_blocks]
 
 
 def unigram_loss(train: torch.Tensor, validation: torch.Tensor) -> float:
@@ -227,6 +236,16 @@ class Budget:
 
     def steps(self, flops_per_token: float, context: int) -> int:
         return int(self.flops // (flops_per_token * self.batch_size * context))
+
+
+def timed_budget(
+    control: Arm, shape: Shape, data: Data, batch_size: int, seconds: float, runs: int, device: torch.device
+) -> Budget:
+    """The FLOPs per run that buy `runs` runs in `seconds`, at the control's measured step time (every arm is
+    counted at the control's seconds per FLOP: the budget is the baseline's)."""
+    step_seconds = time_train_step(control.config(shape, data), batch_size, data.context, device)
+    step_flops = control.flops_per_token(shape, data) * batch_size * data.context
+    return Budget(flops=seconds / runs / step_seconds * step_flops, batch_size=batch_size)
 
 
 # ---------------------------------------------------------------------------------------------------- runs
@@ -298,6 +317,21 @@ def train_run(
         result.tokens_per_second,
         result.diverged,
     )
+
+
+def save_model(model: nn.Module, arm: Arm, shape: Shape, data: Data, folder: Path) -> None:
+    """A loadable folder; the control's embedding scale is folded into its weights (Llama has no multiplier)."""
+    if arm.kind == CONTROL:
+        embedding = model.get_input_embeddings()
+        embedding._forward_hooks.clear()  # the scale moves from the hook into the weights
+        scale = control_multiplier(arm.hires_config(shape, data))
+        if model.config.tie_word_embeddings:
+            model.config.tie_word_embeddings = False
+            model.lm_head.weight = nn.Parameter(embedding.weight.detach().clone())
+        embedding.weight.data.mul_(scale)
+    model.save_pretrained(folder)
+    # the tokenizer's limit is the model's (as `train_model` saves it), not the blocks it trained on
+    save_tokenizer(data.tokenizer, folder, model_max_length=model.config.max_position_embeddings)
 
 
 # ---------------------------------------------------------------------------------------------------- LR grids
@@ -379,8 +413,11 @@ __all__ = [
     "load_corpus",
     "loss_at_flops",
     "next_rate",
+    "pack_splits",
     "prepare_data",
+    "save_model",
     "sweep_rates",
+    "timed_budget",
     "train_run",
     "unigram_loss",
 ]

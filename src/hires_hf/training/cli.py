@@ -253,11 +253,15 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--output-dir", default="runs/train", help="checkpoints/, model/, train_result.json")
     train.set_defaults(func=run_train)
 
-    demo = subparsers.add_parser("demo", help="train tiny HiRes vs its vanilla twin at equal counted FLOPs")
+    demo = subparsers.add_parser(
+        "demo", help="train a tiny HiRes, the control (the baseline) and the plain twin at equal counted FLOPs"
+    )
     demo.add_argument("--budget-minutes", type=float, default=5.0, help="wall clock for the whole demo")
     demo.add_argument("--smoke", action="store_true", help="a seconds-long run (tiny data and steps) for tests")
     demo.add_argument("--preset", default="tiny", help=f"HiRes preset ({presets})")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--threads", type=int, help="torch CPU threads (default: every core)")
-    demo.add_argument("--output-dir", default="runs/demo", help="table.md, loss_vs_flops.png, hires/, vanilla/")
+    demo.add_argument(
+        "--output-dir", default="runs/demo", help="table.md, loss_vs_flops.png, control/, hires/, plain-twin/"
+    )
     demo.set_defaults(func=run_demo_command)

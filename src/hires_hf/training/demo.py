@@ -1,34 +1,50 @@
-"""`hires-hf demo`: a tiny HiRes and its vanilla twin, trained on the same text for the same counted FLOPs.
+"""`hires-hf demo`: a tiny HiRes, the control and the plain twin, trained on the same text for the same counted FLOPs.
+
+Three rows, the baseline first:
+- `control`: the Llama twin with HiRes's embedding scale in its forward (x 1/initializer_range), the strongest
+  simple vanilla; HiRes is judged against it (the gap HiRes minus control is printed and stored);
+- `hires`: the preset;
+- `plain-twin`: the Llama twin as transformers builds it, a second row.
 
 Comparison rule: **equal counted training FLOPs** (hires_hf.accounting), not equal tokens. HiRes spends extra
-FLOPs per token on its read / write projections; efficiency claims are made on counted FLOPs
-(docs/architecture.md, cost accounting), so each model gets the number of tokens that its FLOPs per token
-buys from one shared budget (HiRes therefore sees fewer tokens). Both see the same batches in the same order,
-from the same seed.
+FLOPs per token on its read / write projections, so it gets the fewer tokens its FLOPs per token buy from the
+shared budget. Every model sees the same batches in the same order, from the same seed.
 
-The budget is wall-clock: a few timed steps of each model turn the minutes into a FLOP budget that both runs
-together fit in (evaluation, saving and sampling included through a reserve).
+Everything but the training itself comes from the experiment harness (`hires_hf.experiments.harness`): the data
+(`prepare_data`), the configs (`Shape`, `Arm`), the budget (`timed_budget`: the control's timed step turns the
+minutes into FLOPs per run) and the saved folders (`save_model`, which folds the control's embedding scale into
+its weights). Training goes through the HF Trainer (`train_model`), the path users train with.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedConfig, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
-from ..accounting import train_flops_per_token
 from ..configuration_hires import HiResConfig
-from ..twins import vanilla_config
-from .data import PackedDataset, load_default_corpus, pack
-from .loop import pick_device, time_train_step
-from .tokenizer import build_tokenizer, encode_documents, special_token_ids
+from ..errors import HiResUserError
+from ..experiments.harness import (
+    HIRES,
+    Arm,
+    Budget,
+    Data,
+    Shape,
+    baseline_arms,
+    prepare_data,
+    save_model,
+    timed_budget,
+)
+from .data import PackedDataset
+from .loop import pick_device
 from .trainer import TrainResult, ensure_writable, train_model
+
+CONTROL_ROW, HIRES_ROW, PLAIN_ROW = "control", "hires", "plain-twin"
 
 
 @dataclass(frozen=True)
@@ -38,13 +54,13 @@ class DemoSettings:
     preset: str = "tiny"
     budget_minutes: float = 5.0
     max_chars: int = 4_000_000
-    tokenizer_sample_chars: int = 1_000_000
+    validation_fraction: float = 0.05
     block_size: int = 128
     batch_size: int = 16
     eval_blocks: int = 96
     learning_rate: float = 2e-3
     evaluations: int = 12
-    smoke_steps: int | None = None  # fixed vanilla steps instead of a timed budget
+    smoke_steps: int | None = None  # fixed control steps instead of a timed budget
     sample_tokens: int = 60
     downstream_limit: int | None = 200  # docs per offline task (None: all); 0 skips the downstream tasks
     seed: int = 0
@@ -53,7 +69,6 @@ class DemoSettings:
     def smoke(cls, **overrides: object) -> DemoSettings:
         fields = dict(
             max_chars=200_000,
-            tokenizer_sample_chars=100_000,
             block_size=32,
             batch_size=4,
             eval_blocks=8,
@@ -67,15 +82,47 @@ class DemoSettings:
 
 @dataclass
 class DemoResult:
-    hires: TrainResult
-    vanilla: TrainResult
+    results: dict[str, TrainResult]  # control (the baseline), hires, plain-twin: in that order
     table: str
     plot: Path
     samples: dict[str, str]
-    downstream: str | None = None  # markdown table of the offline lm-eval tasks, both models side by side
+    downstream: str | None = None  # markdown table of the offline lm-eval tasks, the models side by side
+
+    @property
+    def gap(self) -> float:
+        """HiRes minus control, final validation loss (nats): negative when HiRes is ahead."""
+        return self.results[HIRES_ROW].final_eval_loss - self.results[CONTROL_ROW].final_eval_loss
 
 
+COLOURS = {CONTROL_ROW: "black", HIRES_ROW: "tab:red", PLAIN_ROW: "tab:gray"}  # as `hires-hf compare` draws them
 RESERVE = 0.40  # share of the budget kept for evaluation, saving, sampling, Trainer overhead and a busy CPU
+
+
+def demo_arms() -> list[Arm]:
+    """The control (the baseline), HiRes, the plain twin."""
+    control, plain = baseline_arms(plain=True)
+    return [control, Arm(HIRES_ROW, HIRES), plain]
+
+
+def demo_data(settings: DemoSettings) -> Data:
+    """The stdlib sample, a BPE of the preset's vocabulary, packed blocks (the harness's data path)."""
+    vocab_size = HiResConfig.from_preset(settings.preset).vocab_size
+    return prepare_data(
+        "stdlib",
+        vocab_size,
+        settings.block_size,
+        settings.max_chars,
+        validation_fraction=settings.validation_fraction,
+        eval_blocks=settings.eval_blocks,
+    )
+
+
+def demo_shape(preset: str) -> Shape:
+    """The preset as a harness shape, keeping the preset's context length (512 for `tiny`), which the harness would
+    otherwise derive from the blocks: the saved models then take the downstream tasks' prompts whole."""
+    config = HiResConfig.from_preset(preset)
+    shape = Shape.from_config(config)
+    return replace(shape, overrides=(*shape.overrides, ("max_position_embeddings", config.max_position_embeddings)))
 
 
 def run_demo(output_dir: str | Path = "runs/demo", settings: DemoSettings | None = None) -> DemoResult:
@@ -85,53 +132,55 @@ def run_demo(output_dir: str | Path = "runs/demo", settings: DemoSettings | None
     ensure_writable(output_dir)
     started = time.perf_counter()
 
-    corpus = load_default_corpus(max_chars=settings.max_chars)
-    hires_config = HiResConfig.from_preset(settings.preset)
-    tokenizer = build_tokenizer(
-        corpus.train, vocab_size=hires_config.vocab_size, sample_chars=settings.tokenizer_sample_chars
-    )
-    hires_config = HiResConfig.from_preset(settings.preset, **special_token_ids(tokenizer))
-    twin_config = vanilla_config(hires_config)
-    eos = tokenizer.eos_token_id
-    train_data = PackedDataset(pack(encode_documents(tokenizer, corpus.train), settings.block_size, eos))
-    eval_blocks = pack(encode_documents(tokenizer, corpus.validation), settings.block_size, eos)
-    eval_data = PackedDataset(eval_blocks[: settings.eval_blocks])
-
-    configs = {"hires": hires_config, "vanilla": twin_config}
-    flops = {name: train_flops_per_token(config, settings.block_size) for name, config in configs.items()}
-    tokens_per_step = settings.batch_size * settings.block_size
-    step_seconds = {name: _seconds_per_step(config, settings) for name, config in configs.items()}
-    budget = _flop_budget(flops, step_seconds, tokens_per_step, settings, time.perf_counter() - started)
+    data = demo_data(settings)
+    shape = demo_shape(settings.preset)
+    arms = demo_arms()
+    budget = plan_budget(settings, arms, shape, data, time.perf_counter() - started)
+    flops = {arm.name: arm.flops_per_token(shape, data) for arm in arms}
+    steps = {arm.name: budget.steps(flops[arm.name], data.context) for arm in arms}
+    if min(steps.values()) < 1:
+        raise HiResUserError(
+            f"--budget-minutes {settings.budget_minutes:g} buys less than one training step of each model here; "
+            "give it more minutes."
+        )
+    per_run = settings.budget_minutes * 60 * (1 - RESERVE) / len(arms)
     print(
-        f"Equal-compute comparison: {budget:.3g} counted training FLOPs each "
-        f"(HiRes {flops['hires']:,.0f} FLOPs/token, vanilla {flops['vanilla']:,.0f} FLOPs/token)."
+        f"Equal-compute comparison: {budget.flops:.3g} counted training FLOPs each "
+        f"(control and plain twin {flops[CONTROL_ROW]:,.0f} FLOPs/token, HiRes {flops[HIRES_ROW]:,.0f})."
     )
 
     results = {}
-    for name, config in configs.items():
-        steps = max(1, math.floor(budget / (flops[name] * tokens_per_step)))
-        print(f"Training {name}: {steps} steps x {tokens_per_step} tokens")
-        results[name] = train_model(
-            config,
-            tokenizer,
+    train_data, eval_data = PackedDataset(data.train), PackedDataset(data.validation)
+    tokens_per_step = settings.batch_size * data.context
+    for arm in arms:
+        print(f"Training {arm.name}: {steps[arm.name]} steps x {tokens_per_step} tokens")
+        torch.manual_seed(settings.seed)  # the same initial layers for the control and the plain twin
+        model = arm.model(shape, data)  # the control: HiRes's embedding scale as a forward hook
+        result = train_model(
+            model,
+            data.tokenizer,
             train_data,
             eval_data,
-            output_dir=output_dir / name,
-            max_steps=steps,
+            output_dir=output_dir / arm.name,
+            max_steps=steps[arm.name],
             batch_size=settings.batch_size,
             learning_rate=settings.learning_rate,
-            eval_steps=max(1, steps // settings.evaluations),
-            logging_steps=max(1, steps // 20),
+            eval_steps=max(1, steps[arm.name] // settings.evaluations),
+            logging_steps=max(1, steps[arm.name] // 20),
             seed=settings.seed,
-            flops_per_token=flops[name],
+            flops_per_token=flops[arm.name],
             # a guard against a much slower machine than timed: the table then shows the FLOPs actually spent
-            max_seconds=None if settings.smoke_steps else 1.5 * steps * step_seconds[name] + 10,
+            max_seconds=None if settings.smoke_steps else 2 * per_run + 10,
             bf16=pick_device().type == "cuda",  # as the step was timed: the Trainer trains on CUDA when there is one
+            save_model=False,  # saved below, with the control's scale folded into its embedding
         )
+        result.model_dir = output_dir / arm.name / "model"
+        save_model(result.model, arm, shape, data, result.model_dir)
+        results[arm.name] = result
 
     table = comparison_table(results)
     plot = plot_curves(results, output_dir / "loss_vs_flops.png")
-    samples = {name: sample(result.model_dir, tokenizer, settings) for name, result in results.items()}
+    samples = {name: sample(result.model_dir, data.tokenizer, settings) for name, result in results.items()}
     downstream = None
     if settings.downstream_limit != 0:
         downstream = evaluate_downstream({name: r.model_dir for name, r in results.items()}, output_dir, settings)
@@ -141,8 +190,19 @@ def run_demo(output_dir: str | Path = "runs/demo", settings: DemoSettings | None
         print(f"Offline downstream tasks (lm-eval; stdlib_next_line: chance 0.25):\n{downstream}\n")
     for name, text in samples.items():
         print(f"--- {name} sample ---\n{text}\n")
-    print(f"Plot: {plot}\nModels: {results['hires'].model_dir}, {results['vanilla'].model_dir}")
-    return DemoResult(results["hires"], results["vanilla"], table, plot, samples, downstream)
+    print(f"Plot: {plot}\nModels: {', '.join(str(r.model_dir) for r in results.values())}")
+    return DemoResult(results, table, plot, samples, downstream)
+
+
+def plan_budget(settings: DemoSettings, arms: list[Arm], shape: Shape, data: Data, spent_seconds: float) -> Budget:
+    """Counted FLOPs per model: the harness's timed budget over what the minutes leave (a reserve kept for
+    evaluation, saving, sampling and the downstream tasks); a smoke run takes `smoke_steps` control steps."""
+    control = arms[0]
+    if settings.smoke_steps is not None:
+        step_flops = control.flops_per_token(shape, data) * settings.batch_size * data.context
+        return Budget(flops=settings.smoke_steps * step_flops, batch_size=settings.batch_size)
+    seconds = max(settings.budget_minutes * 60 * (1 - RESERVE) - spent_seconds, 1.0)
+    return timed_budget(control, shape, data, settings.batch_size, seconds, len(arms), pick_device())
 
 
 def evaluate_downstream(model_dirs: dict[str, Path], output_dir: Path, settings: DemoSettings) -> str | None:
@@ -166,42 +226,27 @@ def evaluate_downstream(model_dirs: dict[str, Path], output_dir: Path, settings:
     return table
 
 
-def _flop_budget(
-    flops: dict[str, float],
-    step_seconds: dict[str, float],
-    tokens_per_step: int,
-    settings: DemoSettings,
-    spent_seconds: float,
-) -> float:
-    """Counted FLOPs each model may use so that both runs fit the wall-clock budget.
-
-    With seconds per step t_m and FLOPs per step f_m, a budget F costs sum_m F * t_m / f_m seconds.
-    """
-    if settings.smoke_steps is not None:
-        return settings.smoke_steps * tokens_per_step * flops["vanilla"]
-    seconds_left = settings.budget_minutes * 60 * (1 - RESERVE) - spent_seconds
-    per_flop = sum(step_seconds[name] / (flops[name] * tokens_per_step) for name in flops)
-    return max(seconds_left, 1.0) / per_flop
-
-
-def _seconds_per_step(config: PreTrainedConfig, settings: DemoSettings) -> float:
-    """Timed AdamW steps of a throw-away copy on the device the Trainer will use; 0 for a smoke run."""
-    if settings.smoke_steps is not None:
-        return 0.0
-    return time_train_step(config, settings.batch_size, settings.block_size, pick_device())
-
-
 def comparison_table(results: dict[str, TrainResult]) -> str:
-    """Markdown: params, counted FLOPs/token, tokens, FLOPs, validation loss, throughput, side by side."""
+    """Markdown: params, counted FLOPs/token, tokens, FLOPs, validation loss and its gap to the control (the
+    first row, the baseline), throughput; then the gap HiRes minus control in words."""
     rows = [
-        "| model | params | train FLOPs/token | tokens seen | counted train FLOPs | val loss | tokens/s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| model | params | train FLOPs/token | tokens seen | counted train FLOPs | val loss | vs control | tokens/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    baseline = results[CONTROL_ROW].final_eval_loss
     for name, result in results.items():
+        gap = "baseline" if name == CONTROL_ROW else f"{result.final_eval_loss - baseline:+.4f}"
         rows.append(
             f"| {name} | {result.params:,} | {result.flops_per_token:,.0f} | {result.tokens_seen:,} |"
-            f" {result.flops:.3e} | {result.final_eval_loss:.4f} | {result.tokens_per_second:,.0f} |"
+            f" {result.flops:.3e} | {result.final_eval_loss:.4f} | {gap} | {result.tokens_per_second:,.0f} |"
         )
+    gap = results[HIRES_ROW].final_eval_loss - baseline
+    side = "behind" if gap > 0 else "ahead of"
+    rows += [
+        "",
+        f"HiRes minus control: {gap:+.4f} nats of validation loss at equal counted FLOPs (HiRes {side} the "
+        "control; one seed, one learning rate: `hires-hf compare` sweeps both and adds seeds).",
+    ]
     return "\n".join(rows)
 
 
@@ -215,10 +260,10 @@ def plot_curves(results: dict[str, TrainResult], path: Path) -> Path:
     figure, axis = plt.subplots(figsize=(6.4, 4.2))
     for name, result in results.items():
         x, y = result.eval_curve()
-        axis.plot(x, y, marker="o", markersize=3, label=f"{name} ({result.params:,} params)")
+        axis.plot(x, y, marker="o", markersize=3, color=COLOURS.get(name), label=f"{name} ({result.params:,} params)")
     axis.set_xlabel("counted training FLOPs")
     axis.set_ylabel("validation loss")
-    axis.set_title("HiRes vs vanilla twin at equal counted FLOPs")
+    axis.set_title("HiRes, the control and the plain twin at equal counted FLOPs")
     axis.grid(alpha=0.3)
     axis.legend()
     figure.tight_layout()
@@ -248,6 +293,8 @@ def sample(model_dir: Path, tokenizer: PreTrainedTokenizerBase, settings: DemoSe
 def _write_report(output_dir: Path, table: str, results: dict[str, TrainResult], samples: dict[str, str]) -> None:
     summary = {
         "comparison": "equal counted training FLOPs (hires_hf.accounting); HiRes sees fewer tokens",
+        "baseline": CONTROL_ROW,
+        "hires_minus_control": results[HIRES_ROW].final_eval_loss - results[CONTROL_ROW].final_eval_loss,
         "results": {name: {**result.to_json(), "history": None} for name, result in results.items()},
         "samples": samples,
     }
@@ -267,7 +314,11 @@ __all__ = [
     "DemoResult",
     "DemoSettings",
     "comparison_table",
+    "demo_arms",
+    "demo_data",
+    "demo_shape",
     "evaluate_downstream",
+    "plan_budget",
     "plot_curves",
     "run_demo",
     "sample",

@@ -20,10 +20,11 @@ import torch
 from ..configuration_hires import PRESETS, HiResConfig
 from ..diagnostics import DiagnosticsCallback
 from ..errors import HiResUserError
+from ..experiments.harness import pack_splits
 from ..info import load_config
-from .data import Corpus, PackedDataset, load_default_corpus, load_hub_dataset, load_text_files, pack
+from .data import Corpus, PackedDataset, load_default_corpus, load_hub_dataset, load_text_files
 from .demo import DemoSettings, run_demo
-from .tokenizer import build_tokenizer, encode_documents, load_tokenizer, save_tokenizer, special_token_ids
+from .tokenizer import build_tokenizer, load_tokenizer, save_tokenizer, special_token_ids
 from .trainer import TrainSettings, ensure_writable, require_checkpoint, sharding_config, train_model
 
 
@@ -58,9 +59,8 @@ def _train(args: argparse.Namespace) -> int:
     tokenizer = _tokenizer_for(args, config, corpus, output_dir)
     if not pretrained:  # a fresh model names the tokenizer's own special tokens (generation stops on eos)
         config = type(config).from_dict({**config.to_dict(), **special_token_ids(tokenizer)})
-    train_data = PackedDataset(pack(encode_documents(tokenizer, corpus.train), args.block_size, tokenizer.eos_token_id))
-    eval_blocks = pack(encode_documents(tokenizer, corpus.validation), args.block_size, tokenizer.eos_token_id)
-    eval_data = PackedDataset(eval_blocks[: args.eval_blocks])
+    train_blocks, eval_blocks = pack_splits(corpus, tokenizer, args.block_size, args.eval_blocks)
+    train_data, eval_data = PackedDataset(train_blocks), PackedDataset(eval_blocks)
     # every N optimizer steps, the wide stream per block on a few validation blocks (`hires-hf inspect`)
     every = args.diagnostics_every
     callbacks = [DiagnosticsCallback(eval_blocks[:8], every=every)] if every else []

@@ -308,9 +308,13 @@ def write_results(benchmarks_dir: Path = BENCHMARKS_DIR) -> Path:
         "",
         "The quality half, `ladder_k4` and `lr_sensitivity` were measured before the stability fix "
         "(docs/stability.md), with the old defaults; the stability sections, `ladder_gpu` and `ladder_k4_fixed` "
-        "say which defaults they ran with. Every HiRes-vs-twin comparison is against the twin transformers builds "
-        "(a Llama whose embedding enters at RMS 0.02) unless it names the control `vanilla-scaled-embedding` or "
-        "`--scaled-twin` (the twin with HiRes's embedding scale), which is ahead of HiRes where it ran.",
+        "say which defaults they ran with. The baseline is now the *control*: the Llama twin with HiRes's "
+        "embedding scale in its forward (x 1/initializer_range), the strongest simple vanilla. The ladder, the "
+        "stability and learning-rate benchmarks and `hires-hf compare` put it first, as `control`, and, where "
+        "they run it, the plain transformers twin (a Llama whose embedding enters at RMS 0.02) in a second row, "
+        "as `plain-twin`. Sections measured before that change compare against the plain twin, named `vanilla` "
+        "or `twin` there, unless they name the control `vanilla-scaled-embedding` or `--scaled-twin`; the "
+        "control is ahead of HiRes wherever it ran.",
         "",
     ]
     if cost:

@@ -26,7 +26,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -245,13 +245,16 @@ def best_hires(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return min(means.values(), key=lambda item: item[0])[1]
 
 
-def run_stage(stage: str, setup: Setup, data: Data, where: Path, worker: int, workers: int) -> None:
+def run_stage(
+    stage: str, setup: Setup, data: Data, where: Path, worker: int, workers: int, only: Sequence[str] = ()
+) -> None:
+    """Train this worker's share of the stage's jobs; `only` limits the grid to the arms it names."""
     recorder = Recorder(where, worker)
     rows = list(recorder.done.values())
     arms = {arm.name: arm for arm in [*factor_arms(setup.shape), *PEERS]}
     jobs: list[tuple[Arm, list[float], int, int, bool]] = []  # arm, rates, seed, length, extend
     if stage == "grid":
-        jobs = [(arm, list(GRID), 0, 1, True) for arm in factor_arms(setup.shape)]
+        jobs = [(arm, list(GRID), 0, 1, True) for arm in factor_arms(setup.shape) if not only or arm.name in only]
     elif stage == "peers":
         jobs = [(arm, list(GRID), 0, 1, True) for arm in PEERS]
     elif stage == "combo":
@@ -481,12 +484,14 @@ def plot(rows: list[dict[str, Any]], where: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("stage", choices=("grid", "combo", "seeds", "long", "peers", "report"))
-    parser.add_argument("--shape", default="128x16", help="WIDTHxLAYERS (k=4, D=2d, heads of 64)")
+    parser.add_argument("--shape", default="128x16", help="WIDTHxLAYERS (k=4, D=2d)")
+    parser.add_argument("--head-dim", type=int, default=64, help="dims per attention head (default 64)")
+    parser.add_argument("--arms", nargs="+", default=(), help="grid: only these arms (default: every factor)")
     parser.add_argument("--worker", default="0/1", help="i/n: this process trains every n-th job from the i-th")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of this process")
     parser.add_argument("--smoke", action="store_true", help="a seconds-long run of the stage (tests)")
     args = parser.parse_args(argv)
-    setup = Setup.smoke() if args.smoke else Setup(Shape.parse(args.shape))
+    setup = Setup.smoke() if args.smoke else Setup(Shape.parse(args.shape, head_dim=args.head_dim))
     where = folder(setup, args.smoke)
     command = f"python -m benchmarks.sweep {{grid,combo,seeds,long,peers}} --shape {setup.shape.name} --worker i/2"
     if args.stage == "report":
@@ -506,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     data = prepare_data(
         setup.corpus, setup.shape.vocab_size, setup.context, setup.max_chars, eval_blocks=setup.eval_blocks
     )
-    run_stage(args.stage, setup, data, where, worker, workers)
+    run_stage(args.stage, setup, data, where, worker, workers, args.arms)
     print(f"{args.stage} {worker}/{workers} done in {(time.perf_counter() - start) / 60:.1f} min", file=sys.stderr)
     return 0
 

@@ -221,7 +221,14 @@ def build_model_card(
         sections.append(f"Converted from [`{base_model}`](https://huggingface.co/{base_model}).")
     if datasets:
         sections.append("Trained on: " + ", ".join(f"`{name}`" for name in datasets) + ".")
-    sections += ["## Architecture", architecture_table(config)]
+    sections += [
+        "## Architecture",
+        architecture_table(config),
+        "The vanilla twin has the same d-wide layers and no wide stream; the baseline a quality claim must beat is "
+        "that twin with HiRes's embedding scale (the same cost). `hires-hf compare --model <this folder's "
+        "config.json> --data <your data>` trains both at matched counted FLOPs, each at its own bracketed "
+        "learning rate, and prints which wins.",
+    ]
     sections += ["## Usage", usage_snippet(repo_id, revision)]
     if eval_results:
         sections += ["## Evaluation", "Scores from lm-evaluation-harness:", _results_table(eval_results)]

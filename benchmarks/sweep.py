@@ -8,6 +8,7 @@ worker processes (`--worker i/n`, one thread each by default):
 
     python -m benchmarks.sweep grid  --worker 0/2 & python -m benchmarks.sweep grid --worker 1/2   # the factors
     python -m benchmarks.sweep combo --worker 0/2 & ...   # the best two factors combined, own grid
+    python -m benchmarks.sweep refine --worker 0/2 & ...  # x sqrt(2) around the control's and the 2 best HiRes' best
     python -m benchmarks.sweep seeds --worker 0/2 & ...   # seed 1 for every cell within 0.1 nats of the winner
     python -m benchmarks.sweep long  --worker 0/2 & ...   # the best HiRes and the control at 4x the length
     python -m benchmarks.sweep peers --worker 0/2 & ...   # mHC-4 and Block AttnRes, own grids
@@ -223,6 +224,14 @@ def combined_arm(rows: list[dict[str, Any]], arms: list[Arm]) -> Arm | None:
     return None
 
 
+def refine_rates(rows: list[dict[str, Any]], count: int = 2) -> dict[str, list[float]]:
+    """x sqrt(2) either side of the best rate of the control and of the `count` best HiRes arms: a x2 grid can
+    miss an optimum between its points by more than the gaps being measured."""
+    best = best_by_arm(rows)
+    hires = sorted((a for a, b in best.items() if b["kind"] == HIRES), key=lambda a: best[a]["final_loss"])[:count]
+    return {arm: [best[arm]["lr"] / math.sqrt(2), best[arm]["lr"] * math.sqrt(2)] for arm in ["control", *hires]}
+
+
 def seed_cells(rows: list[dict[str, Any]]) -> list[tuple[str, float]]:
     """(arm, lr) cells whose seed-0 loss is within NEAR_WINNER of the best seed-0 cell, plus the control's best."""
     first = [r for r in rows if r["seed"] == 0 and r.get("length", 1) == 1 and r["kind"] != "peer"]
@@ -260,6 +269,8 @@ def run_stage(
     elif stage == "combo":
         combo = combined_arm(rows, list(arms.values()))
         jobs = [(combo, list(GRID), 0, 1, True)] if combo else []
+    elif stage == "refine":
+        jobs = [(_arm_of(name, rows, arms), rates, 0, 1, False) for name, rates in refine_rates(rows).items()]
     elif stage == "seeds":
         jobs = [(_arm_of(name, rows, arms), [lr], 1, 1, False) for name, lr in seed_cells(rows)]
     elif stage == "long":
@@ -483,7 +494,7 @@ def plot(rows: list[dict[str, Any]], where: Path, title: str) -> None:
 # ---------------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("grid", "combo", "seeds", "long", "peers", "report"))
+    parser.add_argument("stage", choices=("grid", "combo", "refine", "seeds", "long", "peers", "report"))
     parser.add_argument("--shape", default="128x16", help="WIDTHxLAYERS (k=4, D=2d)")
     parser.add_argument("--head-dim", type=int, default=64, help="dims per attention head (default 64)")
     parser.add_argument("--arms", nargs="+", default=(), help="grid: only these arms (default: every factor)")
@@ -493,7 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup = Setup.smoke() if args.smoke else Setup(Shape.parse(args.shape, head_dim=args.head_dim))
     where = folder(setup, args.smoke)
-    command = f"python -m benchmarks.sweep {{grid,combo,seeds,long,peers}} --shape {setup.shape.name} --worker i/2"
+    command = (
+        f"python -m benchmarks.sweep {{grid,combo,refine,seeds,long,peers}} --shape {setup.shape.name} --worker i/2"
+    )
     if args.stage == "report":
         rows = load_runs(where)
         if not rows:

@@ -3,9 +3,9 @@
 The grid ran as two runs of `scripts/gpu_session.sh`, on the same data, tokenizer and batches (their unigram
 cross-entropies agree to every digit), before the last part of the fix existed:
 
-- run 1 (`lease1_embedding_fix.json`): the twin, the old default (`embedding_multiplier=1.0`, no write norm)
+- run 1 (`run1_embedding_fix.json`): the twin, the old default (`embedding_multiplier=1.0`, no write norm)
   and the embedding fix alone;
-- run 2 (`lease2_write_norm.json`): the embedding fix with the write norm.
+- run 2 (`run2_write_norm.json`): the embedding fix with the write norm.
 
 The shipped default adds `write_multiplier` (0.25 at d=512) on top; it has not run on a GPU yet:
 `scripts/gpu_session.sh` runs it. This script merges the two runs' JSON files into one table and figure.
@@ -26,12 +26,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 RUNS_DIR = RESULTS / "stability_gpu"
 # Run file -> {arch in that file: label in the merged table}; the old default is the same model in both.
 LABELS = {
-    "lease1_embedding_fix.json": {
+    "run1_embedding_fix.json": {
         "vanilla": "vanilla",
         "hires-vanilla-embedding": "old default",
         "hires": "+ embedding multiplier",
     },
-    "lease2_write_norm.json": {"hires": "+ write norm"},
+    "run2_write_norm.json": {"hires": "+ write norm"},
 }
 
 

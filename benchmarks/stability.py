@@ -19,7 +19,7 @@ a PNG of validation loss against steps per learning rate. Result files written b
 `vanilla` and `vanilla-scaled-embedding`) are read with those names mapped to `plain-twin` and `control`.
 
     python benchmarks/stability.py                 # CPU: d=128, L=16, k=4 (4 blocks); ~20 minutes on 2 cores
-    python benchmarks/stability.py --preset issue  # the d=192 CPU reproduction of the stall: 32 x 128 batches; ~60 min
+    python benchmarks/stability.py --preset d192   # the d=192 CPU reproduction of the stall: 32 x 128 batches; ~60 min
     python benchmarks/stability.py --seed 1        # the CPU grid again with other weights and batches
     python benchmarks/stability.py --width 64      # the CPU grid at another width (write multiplier 128/d)
     python benchmarks/stability.py --extend --lrs 8e-3   # add cells to a grid already written (same options)
@@ -28,7 +28,7 @@ a PNG of validation loss against steps per learning rate. Result files written b
     python benchmarks/stability.py --ablation      # each part of the fix alone, up to lr 1.6e-2
     python benchmarks/stability.py --smoke         # seconds: tests
 
-Writes benchmarks/results/stability[_issue|_gpu|_map][_dD][_seedN].{md,json,png} (or under --out-dir).
+Writes benchmarks/results/stability[_d192|_gpu|_map][_dD][_seedN].{md,json,png} (or under --out-dir).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class StabilitySettings:
         )
 
     @classmethod
-    def issue(cls) -> StabilitySettings:
+    def d192(cls) -> StabilitySettings:
         """The CPU reproduction of the stall: d=192, L=16, 3 heads x 64, vocab 4096, batches of 32 x 128, 0.6M vanilla
         tokens a run (146 steps), Python sources; the old default only at 3e-3, where it stalled first."""
         return cls(
@@ -567,7 +567,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=("cpu", "issue", "gpu"), default="cpu")
+    parser.add_argument("--preset", choices=("cpu", "d192", "gpu"), default="cpu")
     parser.add_argument("--smoke", action="store_true", help="seconds-long run (tests)")
     parser.add_argument("--map", action="store_true", help="where the old default stalls (see module docstring)")
     parser.add_argument("--lrs", type=float, nargs="+", help="peak learning rates (default: the preset's grid)")
@@ -599,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.map:
         print(map_markdown(run_map(args.out_dir, command.strip())))
         return 0
-    presets = {"cpu": StabilitySettings, "issue": StabilitySettings.issue, "gpu": StabilitySettings.gpu}
+    presets = {"cpu": StabilitySettings, "d192": StabilitySettings.d192, "gpu": StabilitySettings.gpu}
     settings = replace(StabilitySettings.smoke() if args.smoke else presets[args.preset](), seed=args.seed)
     if args.width:
         settings = replace(settings, shape=replace(settings.shape, hidden_size=args.width))
@@ -613,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = replace(settings, old_lrs=tuple(args.old_lrs))
     name = args.name or ("stability" if args.preset == "cpu" else f"stability_{args.preset}")
     name += "" if args.name else f"_d{args.width}" * bool(args.width) + f"_seed{args.seed}" * bool(args.seed)
-    shape_name = {"cpu": "CPU shape", "issue": "the d=192 CPU reproduction", "gpu": "GPU shape"}[args.preset]
+    shape_name = {"cpu": "CPU shape", "d192": "the d=192 CPU reproduction", "gpu": "GPU shape"}[args.preset]
     shape_name += f" at d={args.width}" if args.width else ""
     title = f"HiRes vs the control over a learning-rate grid ({shape_name}, seed {args.seed})"
     if args.ablation:

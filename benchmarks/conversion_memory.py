@@ -22,6 +22,8 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from hires_hf.tables import markdown_table
+
 RESULTS = Path(__file__).resolve().parent / "results" / "conversion_memory.md"
 MB = 2**20
 
@@ -104,13 +106,17 @@ def report(sizes: list[int], result: dict, residual_size: int, max_shard_size: s
             f"Target: HiRes `--exact`, D={residual_size}, k=4, output shards of at most {max_shard_size} "
             f"({result['shards']} shards, {output_bytes / MB:,.0f} MiB).",
             "",
-            "| measure | MiB |",
-            "|---|---:|",
-            f"| whole source checkpoint | {total:,.0f} |",
-            f"| RSS after imports (python, torch, transformers, hires_hf) | {baseline:,.0f} |",
-            f"| peak RSS during conversion | {peak:,.0f} |",
-            f"| peak RSS above the imports | {peak - baseline:,.0f} |",
-            f"| largest input shard + output shard limit | {max(sizes) / MB + _size_mib(max_shard_size):,.0f} |",
+            *markdown_table(
+                ["measure", "MiB"],
+                [
+                    ("whole source checkpoint", f"{total:,.0f}"),
+                    ("RSS after imports (python, torch, transformers, hires_hf)", f"{baseline:,.0f}"),
+                    ("peak RSS during conversion", f"{peak:,.0f}"),
+                    ("peak RSS above the imports", f"{peak - baseline:,.0f}"),
+                    ("largest input shard + output shard limit", f"{max(sizes) / MB + _size_mib(max_shard_size):,.0f}"),
+                ],
+                align="lr",
+            ),
             "",
             f"Conversion time: {result['seconds']:.1f} s (without the closing logits check, which loads both models"
             " in float32 and so needs about twice the model in memory).",

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from hires_hf.eval.scaling import analyse, plot_fits, read_runs
+from hires_hf.tables import markdown_row, markdown_table
 
 
 def summary(runs_path: Path, title: str, command: str, trained_by: str | None = None) -> str:
@@ -40,15 +41,17 @@ def summary(runs_path: Path, title: str, command: str, trained_by: str | None = 
         "rate " + ", ".join(f"{arch} {'/'.join(f'{lr:g}' for lr in rates[arch])}" for arch in archs) + ". "
         "At each size both architectures spend the same counted training FLOPs." + _twin_line(records),
         "",
-        "| size | counted FLOPs | " + " | ".join(f"{arch} loss (mean of seeds)" for arch in archs) + " |",
-        "|---|---:|" + "---:|" * len(archs),
+        *markdown_table(
+            ["size", "counted FLOPs", *(f"{arch} loss (mean of seeds)" for arch in archs)],
+            align="lr" + "r" * len(archs),
+        ),
     ]
     for size in sizes:
         of_size = [r for r in records if r["size"] == size]
         cells = [f"{statistics.mean(r['loss'] for r in of_size if r['arch'] == arch):.4f}" for arch in archs]
-        lines.append(f"| {size} | {statistics.mean(r['flops'] for r in of_size):.3g} | " + " | ".join(cells) + " |")
-    lines += ["", "| arch | A | alpha |", "|---|---:|---:|"]
-    lines += [f"| {arch} | {arch_fit.law.A:.4g} | {arch_fit.law.alpha:.4f} |" for arch, arch_fit in fit.fits.items()]
+        lines.append(markdown_row([size, f"{statistics.mean(r['flops'] for r in of_size):.3g}", *cells]))
+    laws = [(arch, f"{arch_fit.law.A:.4g}", f"{arch_fit.law.alpha:.4f}") for arch, arch_fit in fit.fits.items()]
+    lines += ["", *markdown_table(["arch", "A", "alpha"], laws, align="lrr")]
     for multiplier in fit.multipliers:
         lines += [
             "",
@@ -82,14 +85,15 @@ def _protocol_lines(records: list[dict]) -> list[str]:
     extra = [r for r in records if r.get("role") in ("sweep", "rule-check", "rate-check", "moe")]
     if not extra:
         return lines
-    lines += ["", "| role | size | arch | peak lr | steps | tokens | final loss |", "|---|---|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        *markdown_table(["role", "size", "arch", "peak lr", "steps", "tokens", "final loss"], align="lllrrrr"),
+    ]
     for r in extra:
         loss = f"{r['loss']:.4f}" if "error" not in r else f"failed: {r['error']}"
         role = f"{r['role']} ({r['bracket']})" if r.get("bracket") else r["role"]
-        lines.append(
-            f"| {role} | {r['size']} | {r['arch']} | {r['learning_rate']:.3g} | {r.get('steps', '')} "
-            f"| {r.get('tokens', 0):,} | {loss} |"
-        )
+        cells = [role, r["size"], r["arch"], f"{r['learning_rate']:.3g}", r.get("steps", ""), f"{r.get('tokens', 0):,}"]
+        lines.append(markdown_row([*cells, loss]))
     return lines
 
 

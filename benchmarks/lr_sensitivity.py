@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from hires_hf.experiments.harness import CONTROL, HIRES, PLAIN, Arm
+from hires_hf.tables import markdown_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # The control (Llama with HiRes's embedding scale) is the baseline; the plain twin is a second row.
@@ -78,11 +79,12 @@ def write_report(rows: list[dict], command: str) -> None:
         "the steps that spend the same counted training FLOPs; one seed, same batches; the experiment harness's loop. "
         "The control (the baseline) is the Llama twin with HiRes's embedding scale. Final validation loss:",
         "",
-        "| peak lr | " + " | ".join(archs) + " |",
-        "|---:|" + "---:|" * len(archs),
+        *markdown_table(
+            ["peak lr", *archs],
+            [[f"{lr:g}", *(f"{loss[(arch, lr)]:.4f}" for arch in archs)] for lr in lrs],
+            align="r" * (len(archs) + 1),
+        ),
     ]
-    for lr in lrs:
-        lines.append(f"| {lr:g} | " + " | ".join(f"{loss[(arch, lr)]:.4f}" for arch in archs) + " |")
     best = {arch: min(lrs, key=lambda lr: loss[(arch, lr)]) for arch in archs}
     lines += ["", "Best learning rate: " + ", ".join(f"{a} {best[a]:g} ({loss[(a, best[a])]:.4f})" for a in archs)]
     lines += ["", "![lr_sensitivity.png](results/lr_sensitivity.png)", ""]

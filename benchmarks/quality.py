@@ -24,6 +24,7 @@ from typing import Any
 
 from hires_hf.errors import HiResUserError
 from hires_hf.eval.scaling import ScalingReport, analyse, plot_fits, read_runs, report_table
+from hires_hf.tables import markdown_table
 from hires_hf.training.ladder import LadderSettings, run_ladder, settings_with
 
 from . import report
@@ -289,10 +290,21 @@ def render(section: dict[str, Any], fit: ScalingReport, figures: list[str]) -> s
         "cost) and were scaled to the wall-clock budget from timed steps. Same seed = same batches in the same "
         f"order. Validation loss: the same {s['eval_blocks']} held-out blocks for every run (language-model loss).",
         "",
-        "| size | D, k | params HiRes / vanilla | train FLOPs/token HiRes / vanilla | counted FLOPs each |"
-        " tokens HiRes / vanilla | val loss HiRes (mean ± sd) | val loss vanilla | HiRes - vanilla (paired) |"
-        " vanilla compute for HiRes's loss |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *markdown_table(
+            [
+                "size",
+                "D, k",
+                "params HiRes / vanilla",
+                "train FLOPs/token HiRes / vanilla",
+                "counted FLOPs each",
+                "tokens HiRes / vanilla",
+                "val loss HiRes (mean ± sd)",
+                "val loss vanilla",
+                "HiRes - vanilla (paired)",
+                "vanilla compute for HiRes's loss",
+            ],
+            align="ll" + "r" * 8,
+        ),
     ]
     for r in rungs:
         overhead = r["flops_per_token"]["hires"] / r["flops_per_token"]["vanilla"] - 1

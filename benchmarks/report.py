@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hires_hf.io import write_json_atomic, write_text_atomic
+from hires_hf.tables import markdown_table
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCHMARKS_DIR / "results"
@@ -148,9 +149,22 @@ def render_cost(cost: dict[str, Any], figures: list[str]) -> str:
         "(causal pairs only) and grouped matmuls added. Activations: bytes autograd keeps for backward "
         "(`saved_tensors_hooks`, distinct storages, parameters excluded).",
         "",
-        "| row | params | FLOPs/token counted | analytic | overhead | step s min / median | step ratio |"
-        " decode tok/s median | decode ratio | activations MiB | act. ratio |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *markdown_table(
+            [
+                "row",
+                "params",
+                "FLOPs/token counted",
+                "analytic",
+                "overhead",
+                "step s min / median",
+                "step ratio",
+                "decode tok/s median",
+                "decode ratio",
+                "activations MiB",
+                "act. ratio",
+            ],
+            align="l" + "r" * 10,
+        ),
     ]
     for row in cost["rows"]:
         stats = summary[row["name"]]
@@ -170,14 +184,22 @@ def render_cost(cost: dict[str, Any], figures: list[str]) -> str:
         "Time targets are judged on the median ratio over the adjacent (row, vanilla) pairs; the spread is in the "
         "table above.",
         "",
-        "| target | row | value | limit | verdict | for reference |",
-        "|---|---|---:|---:|---|---|",
+        *markdown_table(
+            ["target", "row", "value", "limit", "verdict", "for reference"],
+            [
+                (
+                    v["target"],
+                    v["row"],
+                    f"{v['value']:.3f}",
+                    f"{v['relation']} {v['limit']:.3f}",
+                    _met(v),
+                    v.get("note", ""),
+                )
+                for v in verdicts
+            ],
+            align="llrrll",
+        ),
     ]
-    for v in verdicts:
-        lines.append(
-            f"| {v['target']} | {v['row']} | {v['value']:.3f} | {v['relation']} {v['limit']:.3f} | {_met(v)} |"
-            f" {v.get('note', '')} |"
-        )
     decode_misses = [v for v in verdicts if v["target"].startswith("decode") and not v["met"]]
     if decode_misses:
         rows = {row["name"]: row for row in cost["rows"]}
@@ -216,12 +238,13 @@ def render_profiles(profiles: list[dict[str, Any]]) -> list[str]:
             f"### Where the time goes: {entry['row']} vs {entry['reference']}, {entry.get('what', 'train step')}"
             " (self CPU ms per call, torch.profiler, ops that grow most)",
             "",
-            f"| op | {entry['reference']} ms | {entry['row']} ms | extra ms |",
-            "|---|---:|---:|---:|",
+            *markdown_table(
+                ["op", f"{entry['reference']} ms", f"{entry['row']} ms", "extra ms"],
+                [(f"`{op}`", f"{ref:.2f}", f"{ms:.2f}", f"{ms - ref:+.2f}") for op, ref, ms in entry["ops"]],
+                align="lrrr",
+            ),
+            "",
         ]
-        for op, reference_ms, row_ms in entry["ops"]:
-            lines.append(f"| `{op}` | {reference_ms:.2f} | {row_ms:.2f} | {row_ms - reference_ms:+.2f} |")
-        lines.append("")
     return lines
 
 
@@ -275,8 +298,9 @@ def render_gpu(gpu: dict[str, Any]) -> str:
         f"{s['steps']} timed steps after {s['warmup']} warm-up. MFU = tokens/s x analytic train FLOPs per token "
         f"(3 x forward, causal) / peak {gpu['peak_tflops']:.0f} TFLOP/s ({gpu['peak_source']}).",
         "",
-        "| shape | attention | model | params | tokens/s | MFU | peak memory GiB |",
-        "|---|---|---|---:|---:|---:|---:|",
+        *markdown_table(
+            ["shape", "attention", "model", "params", "tokens/s", "MFU", "peak memory GiB"], align="lllrrrr"
+        ),
     ]
     for row in gpu["rows"]:
         lines.append(
@@ -285,9 +309,13 @@ def render_gpu(gpu: dict[str, Any]) -> str:
         )
     if gpu.get("not_run"):
         lines += ["", *[f"- not run: {reason}" for reason in gpu["not_run"]]]
-    lines += ["", "| target | shape / attention | HiRes MFU minus vanilla MFU | verdict |", "|---|---|---:|---|"]
-    for v in gpu["targets"]:
-        lines.append(f"| HiRes MFU within 3 points | {v['row']} | {v['value'] * 100:+.2f} points | {_met(v)} |")
+    targets = [
+        ("HiRes MFU within 3 points", v["row"], f"{v['value'] * 100:+.2f} points", _met(v)) for v in gpu["targets"]
+    ]
+    lines += [
+        "",
+        *markdown_table(["target", "shape / attention", "HiRes MFU minus vanilla MFU", "verdict"], targets, "llrl"),
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -56,6 +56,7 @@ from hires_hf.experiments.harness import (
     train_run,
 )
 from hires_hf.io import write_json_atomic, write_text_atomic
+from hires_hf.tables import markdown_row, markdown_table
 from hires_hf.training.loop import pick_device
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -321,18 +322,20 @@ def markdown(payload: dict[str, Any], checked: str = "hires") -> str:
         "plateau "
         f"(within {PLATEAU_MARGIN} nats of the unigram cross-entropy {payload['unigram_loss']:.3f}).",
         "",
-        "| peak lr | " + " | ".join(LABELS.get(a, a) for a in archs) + " |",
-        "|---:|" + "---:|" * len(archs),
+        *markdown_table(
+            ["peak lr", *(LABELS.get(a, a) for a in archs)],
+            [[f"{lr:g}", *(_loss_cell(loss.get((arch, lr))) for arch in archs)] for lr in rates],
+            align="r" * (len(archs) + 1),
+        ),
     ]
-    for lr in rates:
-        cells = []
-        for arch in archs:
-            run = loss.get((arch, lr))
-            cells.append("" if run is None else f"{run['final_loss']:.3f}{'*' if run['plateau'] else ''}")
-        lines.append(f"| {lr:g} | " + " | ".join(cells) + " |")
     lines += checks_lines(runs, checked)
     lines += ["", f"![validation loss against steps](results/{payload['figure']})", ""]  # from RESULTS.md
     return "\n".join(lines)
+
+
+def _loss_cell(run: dict[str, Any] | None) -> str:
+    """A table cell: the final loss, starred on the plateau; empty where the cell did not run."""
+    return "" if run is None else f"{run['final_loss']:.3f}{'*' if run['plateau'] else ''}"
 
 
 def checks_lines(runs: list[dict[str, Any]], checked: str = "hires", on: str = "") -> list[str]:
@@ -343,9 +346,10 @@ def checks_lines(runs: list[dict[str, Any]], checked: str = "hires", on: str = "
     lines: list[str] = []
     for baseline in (b for b in BASELINES if {b, checked} <= archs):
         lines += ["", f"Checks of `{checked}` against {against[baseline]}{on}:", ""]
-        lines += ["| check | verdict | numbers |", "|---|---|---|"]
-        for name, ok, numbers in acceptance(runs, checked, baseline=baseline):
-            lines.append(f"| {name} | {'pass' if ok else 'FAIL'} | {numbers} |")
+        verdicts = [
+            (name, "pass" if ok else "FAIL", numbers) for name, ok, numbers in acceptance(runs, checked, baseline)
+        ]
+        lines += markdown_table(["check", "verdict", "numbers"], verdicts)
     return lines
 
 
@@ -463,8 +467,9 @@ def map_markdown(payload: dict[str, Any]) -> str:
         f"`{payload['command']}` (CPU, {payload['minutes']:.1f} min). Final validation loss (* = on the unigram "
         "plateau) and, in brackets, the shared fraction of the last hidden state (1 = every token the same).",
         "",
-        "| point | unigram | " + " | ".join(LABELS.get(a, a) for a in MAP_ARCHS) + " |",
-        "|---|---:|" + "---:|" * len(MAP_ARCHS),
+        *markdown_table(
+            ["point", "unigram", *(LABELS.get(a, a) for a in MAP_ARCHS)], align="lr" + "r" * len(MAP_ARCHS)
+        ),
     ]
     all_rows = canonical(payload["rows"])
     points = list(dict.fromkeys(row["point"] for row in all_rows))
@@ -477,7 +482,7 @@ def map_markdown(payload: dict[str, Any]) -> str:
             for a in MAP_ARCHS
         ]
         unigram = next(iter(rows.values()))["unigram_loss"]
-        lines.append(f"| {point} | {unigram:.3f} | " + " | ".join(cells) + " |")
+        lines.append(markdown_row([point, f"{unigram:.3f}", *cells]))
     lines += ["", "![map](results/stability_map.png)"]
     return "\n".join(lines) + "\n"
 

@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from hires_hf.io import write_text_atomic
+from hires_hf.tables import markdown_row, markdown_table
 
 from .stability import LABELS, RESULTS, VARIANTS, checks_lines, load_payload
 
@@ -74,8 +75,7 @@ def markdown(payloads: list[dict[str, Any]], paths: list[Path], figure: str) -> 
         f"FLOPs; unigram loss {payloads[0]['unigram_loss']:.3f}. Each cell: the seeds' final validation losses, "
         "then their mean ± half the range (* = on the plateau).",
         "",
-        "| peak lr | " + " | ".join(LABELS.get(a, a) for a in archs) + " |",
-        "|---" * (len(archs) + 1) + "|",
+        *markdown_table(["peak lr", *(LABELS.get(a, a) for a in archs)]),
     ]
     for lr in sorted({lr for _, lr in cells}):
         row = []
@@ -87,7 +87,7 @@ def markdown(payloads: list[dict[str, Any]], paths: list[Path], figure: str) -> 
                 f" → {statistics.fmean(values):.3f} ± {(max(values) - min(values)) / 2:.3f}" if len(runs) > 1 else ""
             )
             row.append(" / ".join(losses) + spread if runs else "-")
-        lines.append(f"| {lr:g} | " + " | ".join(row) + " |")
+        lines.append(markdown_row([f"{lr:g}", *row]))
     lines += checks_lines(mean_runs(cells, len(payloads)), on=" on the means (a rate is on the plateau if any seed is)")
     return "\n".join([*lines, "", f"![final loss against learning rate over seeds](results/{figure})", ""])
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from hires_hf import HiResConfig
 from hires_hf.accounting import count_parameters, hires_extra_params, layer_macs_per_token, layer_params
+from hires_hf.tables import markdown_row, markdown_table
 
 BYTES_PER_PARAM = 16  # fp32 weight + gradient + AdamW's m and v
 SEQ_LEN = 4096
@@ -76,15 +77,20 @@ def table(name: str, config: HiResConfig, layouts: list[Layout]) -> str:
         f"**{name}**: {total / 1e9:.2f}B parameters ({replicated_under_tp(config) / 1e6:.0f}M replicated under TP: "
         f"read / write / read-out, norms, routers); largest FSDP2 unit {largest_fsdp_unit(config) / 1e6:.0f}M.",
         "",
-        "| layout (GPUs) | parameters per rank | training state per rank (16 B/param) | replicated projections' "
-        f"share of a rank's matmuls (T = {SEQ_LEN}) |",
-        "|---|---|---|---|",
+        *markdown_table(
+            [
+                "layout (GPUs)",
+                "parameters per rank",
+                "training state per rank (16 B/param)",
+                f"replicated projections' share of a rank's matmuls (T = {SEQ_LEN})",
+            ]
+        ),
     ]
     for layout in layouts:
         per_rank = params_per_rank(config, layout)
         share = f"{replicated_compute_share(config, layout.tp):.0%}" if layout.tp > 1 else "-"
         gib = per_rank * BYTES_PER_PARAM / 2**30
-        lines.append(f"| {layout.name} | {per_rank / 1e6:,.0f}M | {gib:.1f} GiB | {share} |")
+        lines.append(markdown_row([layout.name, f"{per_rank / 1e6:,.0f}M", f"{gib:.1f} GiB", share]))
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from .accounting import cost, hires_flops_overhead
 from .configuration_hires import PRESETS, HiResConfig
 from .errors import HiResUserError
+from .tables import markdown_table
 
 
 def load_config(spec: str) -> HiResConfig:
@@ -37,15 +38,15 @@ def cost_table(config: HiResConfig, seq_len: int) -> str:
     """A markdown table: params and counted FLOPs/token for HiRes and its vanilla twin."""
     hires, vanilla = cost(config, seq_len), cost(config, seq_len, vanilla=True)
     rows = [
-        "| model | params | fwd FLOPs/token | train FLOPs/token |",
-        "|---|---:|---:|---:|",
-        f"| vanilla twin | {vanilla.params:,} | {vanilla.forward_flops_per_token:,.0f} |"
-        f" {vanilla.train_flops_per_token:,.0f} |",
-        f"| HiRes (D={config.residual_size}, k={config.layers_per_block}) | {hires.params:,} |"
-        f" {hires.forward_flops_per_token:,.0f} | {hires.train_flops_per_token:,.0f} |",
+        (name, f"{c.params:,}", f"{c.forward_flops_per_token:,.0f}", f"{c.train_flops_per_token:,.0f}")
+        for name, c in [
+            ("vanilla twin", vanilla),
+            (f"HiRes (D={config.residual_size}, k={config.layers_per_block})", hires),
+        ]
     ]
+    table = markdown_table(["model", "params", "fwd FLOPs/token", "train FLOPs/token"], rows, align="lrrr")
     overhead = hires_flops_overhead(config, seq_len)
-    return "\n".join(rows) + f"\n\nHiRes FLOPs overhead at {seq_len} tokens of context: {overhead:+.2%}"
+    return "\n".join(table) + f"\n\nHiRes FLOPs overhead at {seq_len} tokens of context: {overhead:+.2%}"
 
 
 def run_info(args: argparse.Namespace) -> int:

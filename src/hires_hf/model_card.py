@@ -22,6 +22,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from .accounting import cost, hires_flops_overhead
 from .configuration_hires import HiResConfig
 from .errors import HiResUserError
+from .tables import markdown_table
 
 DEFAULT_LICENSE = "other"  # the weights' licence is the publisher's call; "other" is valid Hub metadata
 CARD_CONTEXT = 2048  # context length at which the card counts attention FLOPs (capped at the model's maximum)
@@ -150,8 +151,7 @@ def architecture_table(config: HiResConfig, seq_len: int = CARD_CONTEXT) -> str:
             f"HiRes {hires_flops_overhead(config, seq_len):+.2%})",
         ),
     ]
-    lines = ["| | |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)]
-    return "\n".join(lines)
+    return "\n".join(markdown_table(["", ""], rows))
 
 
 def usage_snippet(repo_id: str, revision: str | None = None) -> str:
@@ -179,11 +179,11 @@ With `pip install hires-hf`, `import hires_hf` registers the architecture and `t
 
 
 def _results_table(results: list[EvalResult]) -> str:
-    lines = ["| task | metric | value | few-shot |", "|---|---|---:|---:|"]
-    for r in results:
-        shots = (r.dataset_args or {}).get("num_few_shot", "")
-        lines.append(f"| {r.task_name} | {r.metric_name} | {r.metric_value:.4f} | {shots} |")
-    return "\n".join(lines)
+    rows = [
+        (r.task_name, r.metric_name, f"{r.metric_value:.4f}", (r.dataset_args or {}).get("num_few_shot", ""))
+        for r in results
+    ]
+    return "\n".join(markdown_table(["task", "metric", "value", "few-shot"], rows, align="llrr"))
 
 
 def build_model_card(

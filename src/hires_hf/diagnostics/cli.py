@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HiResUserError
+from ..tables import markdown_row, markdown_table
 from .recorder import DIAGNOSTICS_FILE, read_rows
 
 
@@ -45,13 +46,13 @@ def run_table(rows: list[dict[str, Any]]) -> str:
     and the update ratios of the wide-stream groups next to the layers'."""
     groups = ["embed", "read", "write", "read_out", "attn", "mlp", "head"]
     present = [g for g in groups if any(g in row.get("update_ratio", {}) for row in rows)]
-    header = "| step | final shared | max write/stream | " + " | ".join(f"upd {g}" for g in present) + " |"
-    lines = [header, "|" + "---:|" * (3 + len(present))]
+    header = ["step", "final shared", "max write/stream", *(f"upd {g}" for g in present)]
+    lines = markdown_table(header, align="r" * len(header))
     for row in rows:
         ratios = [u.get("write_to_stream") for u in row["units"] if u.get("write_to_stream") is not None]
         worst = f"{max(ratios):.2f}" if ratios else "-"
-        updates = " | ".join(f"{row.get('update_ratio', {}).get(g, float('nan')):.2e}" for g in present)
-        lines.append(f"| {row['step']} | {row['final_shared']:.3f} | {worst} | {updates} |")
+        updates = [f"{row.get('update_ratio', {}).get(g, float('nan')):.2e}" for g in present]
+        lines.append(markdown_row([row["step"], f"{row['final_shared']:.3f}", worst, *updates]))
     return "\n".join(lines)
 
 
@@ -81,21 +82,30 @@ def _inspect_model(folder: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+# probe_table's columns for a HiRes model: the key in a probe's block entry -> the column's name
+BLOCK_COLUMNS = {
+    "stream_rms": "stream RMS",
+    "stream_shared": "stream shared",
+    "read_rms": "read RMS",
+    "inner_rms": "inner RMS",
+    "write_rms": "write RMS",
+    "write_shared": "write shared",
+    "write_to_stream": "write/stream",
+}
+
+
 def probe_table(probe: dict[str, Any]) -> str:
     """Markdown: one row per block (or layer) of a single probe."""
     if probe["kind"] != "block":
-        lines = ["| layer | stream RMS | stream shared |", "|---:|---:|---:|"]
-        lines += [f"| {u['layer']} | {u['stream_rms']:.3g} | {u['stream_shared']:.3f} |" for u in probe["units"]]
+        rows = [(u["layer"], f"{u['stream_rms']:.3g}", f"{u['stream_shared']:.3f}") for u in probe["units"]]
+        lines = markdown_table(["layer", "stream RMS", "stream shared"], rows, align="rrr")
     else:
-        lines = [
-            "| block | stream RMS | stream shared | read RMS | inner RMS | write RMS | write shared | write/stream |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        # shared fractions (0..1) to 3 decimals, magnitudes to 3 significant digits
+        rows = [
+            [u["block"], *(format(u[key], ".3f" if "shared" in key else ".3g") for key in BLOCK_COLUMNS)]
+            for u in probe["units"]
         ]
-        for u in probe["units"]:
-            lines.append(
-                f"| {u['block']} | {u['stream_rms']:.3g} | {u['stream_shared']:.3f} | {u['read_rms']:.3g} |"
-                f" {u['inner_rms']:.3g} | {u['write_rms']:.3g} | {u['write_shared']:.3f} | {u['write_to_stream']:.3g} |"
-            )
+        lines = markdown_table(["block", *BLOCK_COLUMNS.values()], rows, align="r" * (1 + len(BLOCK_COLUMNS)))
     lines.append(f"\nfinal hidden state shared fraction: {probe['final_shared']:.3f}")
     if probe.get("attention_entropy"):
         lines.append(

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import HiResUserError  # importing hires_hf.* runs hires_hf/__init__, which registers HiRes
 from ..io import write_json_atomic, write_text_atomic
+from ..tables import markdown_table
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 OFFLINE_TASKS = ("stdlib_next_line", "stdlib_perplexity")
@@ -226,22 +227,19 @@ def results_table(results_by_model: dict[str, dict[str, Any]]) -> str:
     """A markdown table: one row per (task, metric), a value and a stderr column per model."""
     models = list(results_by_model)
     labels = model_labels(models)
-    rows: dict[tuple[str, str], dict[str, tuple[Any, Any]]] = {}
+    found: dict[tuple[str, str], dict[str, tuple[Any, Any]]] = {}
     for model in models:
         for task, task_results in results_by_model[model].get("results", {}).items():
             for metric, value, stderr in _metrics(task_results):
-                rows.setdefault((task, metric), {})[model] = (value, stderr)
+                found.setdefault((task, metric), {})[model] = (value, stderr)
     header = ["task", "metric"]
     for label in labels:
         header += [label, "stderr"] if len(models) > 1 else ["value", "stderr"]
-    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|---:|" * len(models)]
-    for (task, metric), by_model in rows.items():
-        cells = [task, metric]
-        for model in models:
-            value, stderr = by_model.get(model, (None, None))
-            cells += [_number(value), _number(stderr)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = []
+    for (task, metric), by_model in found.items():
+        pairs = [by_model.get(model, (None, None)) for model in models]
+        rows.append([task, metric, *(_number(number) for pair in pairs for number in pair)])
+    return "\n".join(markdown_table(header, rows, align="ll" + "rr" * len(models)))
 
 
 def write_results(out: Path, results_by_model: dict[str, dict[str, Any]], table: str) -> tuple[Path, Path]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import HiResUserError
+from ..tables import markdown_table
 
 REQUIRED_FIELDS = ("arch", "params", "flops", "loss")
 
@@ -295,10 +296,11 @@ def analyse(
 
 def report_table(report: ScalingReport) -> str:
     """Markdown: the fitted law of each architecture, then each multiplier with its interval."""
-    lines = ["| arch | points | A | alpha | E | rms log residual |", "|---|---:|---:|---:|---:|---:|"]
-    for arch, fit in report.fits.items():
-        law = fit.law
-        lines.append(f"| {arch} | {len(fit.runs)} | {law.A:.4g} | {law.alpha:.4f} | {law.E:.4f} | {fit.rmse_log:.4f} |")
+    laws = [
+        (arch, len(fit.runs), f"{fit.law.A:.4g}", f"{fit.law.alpha:.4f}", f"{fit.law.E:.4f}", f"{fit.rmse_log:.4f}")
+        for arch, fit in report.fits.items()
+    ]
+    lines = markdown_table(["arch", "points", "A", "alpha", "E", "rms log residual"], laws, align="lrrrrr")
     for m in report.multipliers:
         lines.append(
             f"\nFLOPs-efficiency multiplier of {m.arch} over {m.baseline} at C={m.at_compute:.3g}"

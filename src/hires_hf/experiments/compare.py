@@ -27,6 +27,7 @@ from ..configuration_hires import HiResConfig
 from ..errors import HiResUserError
 from ..info import load_config
 from ..io import write_json_atomic
+from ..tables import markdown_table
 from ..training.loop import pick_device
 from .harness import (
     CONTROL,
@@ -289,13 +290,13 @@ def _summary(
 
 def table(summary: dict[str, Any]) -> str:
     """The arms side by side, as printed at the end."""
-    lines = ["| arm | best lr | bracket | final loss (mean) | seed spread |", "|---|---:|---|---:|---:|"]
+    rows = []
     for name, arm in summary["arms"].items():
         flag = "" if arm["bracket"] == "bracketed" else " ⚠ (extend --lrs)"
-        lines.append(
-            f"| {name} | {arm['best_lr']:g} | {arm['bracket']}{flag} | {arm['mean_loss']:.3f} | ±{arm['spread']:.3f} |"
+        rows.append(
+            (name, f"{arm['best_lr']:g}", arm["bracket"] + flag, f"{arm['mean_loss']:.3f}", f"±{arm['spread']:.3f}")
         )
-    return "\n".join(lines)
+    return "\n".join(markdown_table(["arm", "best lr", "bracket", "final loss (mean)", "seed spread"], rows, "lrlrr"))
 
 
 def plot(results: dict[str, ArmResult], path: Path, title: str) -> None:

@@ -40,6 +40,7 @@ from ..experiments.harness import (
     save_model,
     timed_budget,
 )
+from ..tables import markdown_row, markdown_table
 from .data import PackedDataset
 from .loop import pick_device
 from .trainer import TrainResult, ensure_writable, train_model
@@ -229,17 +230,14 @@ def evaluate_downstream(model_dirs: dict[str, Path], output_dir: Path, settings:
 def comparison_table(results: dict[str, TrainResult]) -> str:
     """Markdown: params, counted FLOPs/token, tokens, FLOPs, validation loss and its gap to the control (the
     first row, the baseline), throughput; then the gap HiRes minus control in words."""
-    rows = [
-        "| model | params | train FLOPs/token | tokens seen | counted train FLOPs | val loss | vs control | tokens/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    header = ["model", "params", "train FLOPs/token", "tokens seen", "counted train FLOPs", "val loss", "vs control"]
+    rows = markdown_table([*header, "tokens/s"], align="l" + "r" * 7)
     baseline = results[CONTROL_ROW].final_eval_loss
     for name, result in results.items():
         gap = "baseline" if name == CONTROL_ROW else f"{result.final_eval_loss - baseline:+.4f}"
-        rows.append(
-            f"| {name} | {result.params:,} | {result.flops_per_token:,.0f} | {result.tokens_seen:,} |"
-            f" {result.flops:.3e} | {result.final_eval_loss:.4f} | {gap} | {result.tokens_per_second:,.0f} |"
-        )
+        numbers = [f"{result.params:,}", f"{result.flops_per_token:,.0f}", f"{result.tokens_seen:,}"]
+        numbers += [f"{result.flops:.3e}", f"{result.final_eval_loss:.4f}", gap, f"{result.tokens_per_second:,.0f}"]
+        rows.append(markdown_row([name, *numbers]))
     gap = results[HIRES_ROW].final_eval_loss - baseline
     side = "behind" if gap > 0 else "ahead of"
     rows += [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers.utils import logging as transformers_logging
 
 from hires_hf import HiResConfig
 from hires_hf.cli import main as cli_main
@@ -231,12 +233,35 @@ def test_two_processes_match_one(mode, tokenizer, data, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ the demo
+# what the demo's log must not show again: nested Trainer evaluation bars (cursor-up codes), lm-eval's bars,
+# transformers' loading / saving bars and its too-long-sequence warning on lm-eval's whole documents
+DEMO_NOISE = (
+    "\x1b[A",
+    "Running loglikelihood requests",
+    "Tokenizing inputs",
+    "Loading weights",
+    "Writing model shards",
+    "Token indices sequence length",
+)
+
+
 @pytest.mark.slow
-def test_demo_smoke_writes_table_plot_and_loadable_models(tmp_path, capsys, caplog):
+def test_demo_smoke_writes_table_plot_and_loadable_models(tmp_path, capfd, caplog):
     caplog.set_level(logging.WARNING)
-    assert cli_main(["demo", "--smoke", "--output-dir", str(tmp_path)]) == 0
+    transformers_logger, verbosity = logging.getLogger("transformers"), transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_warning()  # as a user's shell has it (conftest keeps only errors)
+    transformers_logger.addHandler(caplog.handler)  # transformers' records do not reach the root logger
+    try:
+        assert cli_main(["demo", "--smoke", "--output-dir", str(tmp_path)]) == 0
+    finally:
+        transformers_logger.removeHandler(caplog.handler)
+        transformers_logging.set_verbosity(verbosity)
     assert [r.getMessage() for r in caplog.records if r.name.startswith("lm_eval")] == []  # the tables stand out
-    printed = capsys.readouterr().out
+    printed, log = capfd.readouterr()  # file descriptors: tqdm writes to the real stderr
+    messages = "\n".join(record.getMessage() for record in caplog.records)
+    assert [noise for noise in DEMO_NOISE if noise in log + printed + messages] == []
+    started = re.findall(r"(?<![0-9])0%\|", log)  # every bar draws itself at 0% once
+    assert len(started) <= 6  # tokenizing (train, validation), three trainings, the downstream tasks: a few
     table = (tmp_path / "table.md").read_text()
     rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows == ["model", "control", "hires", "plain-twin"] and table in printed  # the baseline first

@@ -12,7 +12,7 @@ import logging
 import re
 import subprocess
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +98,13 @@ def evaluate(
     dtype: str = "auto",
     trust_remote_code: bool = False,
     bootstrap_iters: int = 1000,
+    progress: bool = True,
 ) -> dict[str, Any]:
-    """One model's lm-eval results (the dict `simple_evaluate` returns, without per-sample logs)."""
+    """One model's lm-eval results (the dict `simple_evaluate` returns, without per-sample logs).
+
+    `progress=False` drops lm-eval's and transformers' progress bars (about ten a model: building requests,
+    tokenizing, loading weights, running requests), for callers that show one bar of their own.
+    """
     import lm_eval
     import torch
 
@@ -109,7 +114,7 @@ def evaluate(
         "trust_remote_code": trust_remote_code,
         "backend": _backend(model, trust_remote_code),
     }
-    with quiet_lm_eval():
+    with quiet_lm_eval(progress):
         results = lm_eval.simple_evaluate(
             model="hf",
             model_args=model_args,
@@ -154,6 +159,11 @@ def _backend(model: str, trust_remote_code: bool) -> str:
 # lm-eval's advice to pass `--metadata` on its own command line, logged for every task with a custom loader
 # (ours, and any --include-path task built the same way); `hires-hf eval` has no such option.
 _METADATA_ADVICE = "Custom kwargs can be passed to `--metadata`"
+# transformers' warning when a text encodes to more tokens than the tokenizer's model_max_length: lm-eval encodes
+# whole documents on purpose and cuts them into windows of the model's length itself (loglikelihood_rolling).
+_TOO_LONG_WARNING = "Token indices sequence length is longer than the specified maximum"
+# the lm-eval modules whose loops draw progress bars with tqdm, whatever the caller asks
+_LM_EVAL_BAR_MODULES = ("lm_eval.api.task", "lm_eval.api.model", "lm_eval.models.huggingface")
 
 
 class _DropMessages(logging.Filter):
@@ -178,24 +188,68 @@ def _git_commit_quietly() -> str | None:
 
 
 @contextmanager
-def quiet_lm_eval() -> Iterator[None]:
+def quiet_lm_eval(progress: bool = True) -> Iterator[None]:
     """While our lm-eval calls run, drop what is no news to our users, and only that: the `--metadata` advice,
-    and git's complaint when the working directory is not a repository. Real warnings (a task's bad label, a
-    few-shot split missing) still show; the results table is what remains on screen."""
+    git's complaint when the working directory is not a repository, and transformers' too-long-sequence warning
+    (lm-eval windows long documents itself); with `progress=False`, every progress bar too. Real warnings (a
+    task's bad label, a few-shot split missing) still show; the results table is what remains on screen."""
     import lm_eval.evaluator
 
-    task_logger = logging.getLogger("lm_eval.api.task")
-    noise = _DropMessages(_METADATA_ADVICE)
-    task_logger.addFilter(noise)
+    filtered = [
+        (logging.getLogger("lm_eval.api.task"), _DropMessages(_METADATA_ADVICE)),
+        (logging.getLogger("transformers.tokenization_utils_base"), _DropMessages(_TOO_LONG_WARNING)),
+    ]
+    for logger, noise in filtered:
+        logger.addFilter(noise)
     original = getattr(lm_eval.evaluator, "get_git_commit_hash", None)
     if original is not None:
         lm_eval.evaluator.get_git_commit_hash = _git_commit_quietly
     try:
-        yield
+        with nullcontext() if progress else _no_progress_bars():
+            yield
     finally:
-        task_logger.removeFilter(noise)
+        for logger, noise in filtered:
+            logger.removeFilter(noise)
         if original is not None:
             lm_eval.evaluator.get_git_commit_hash = original
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """No bars from lm-eval's loops (their `tqdm` calls take no switch from `simple_evaluate`, so each module's
+    `tqdm` is swapped for a disabled one) nor from transformers (loading weights)."""
+    import importlib
+
+    from tqdm import tqdm
+
+    def disabled(*args: Any, **kwargs: Any) -> tqdm:
+        return tqdm(*args, **{**kwargs, "disable": True})
+
+    modules = [importlib.import_module(name) for name in _LM_EVAL_BAR_MODULES]
+    originals = [module.tqdm for module in modules]
+    for module in modules:
+        module.tqdm = disabled
+    try:
+        with no_transformers_bars():
+            yield
+    finally:
+        for module, original in zip(modules, originals):
+            module.tqdm = original
+
+
+@contextmanager
+def no_transformers_bars() -> Iterator[None]:
+    """transformers' own progress bars (loading weights, writing model shards) off through its switch, then back
+    as they were; the Trainer's bar is not one of them."""
+    from transformers.utils import logging as transformers_logging
+
+    bars_were_on = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bars_were_on:
+            transformers_logging.enable_progress_bar()
 
 
 def _metrics(task_results: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -258,6 +312,7 @@ __all__ = [
     "check_model",
     "evaluate",
     "model_labels",
+    "no_transformers_bars",
     "quiet_lm_eval",
     "results_table",
     "task_manager",

@@ -25,10 +25,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from ..configuration_hires import HiResConfig
 from ..errors import HiResUserError
+from ..eval.harness import no_transformers_bars
 from ..experiments.harness import (
     HIRES,
     Arm,
@@ -126,6 +128,7 @@ def demo_shape(preset: str) -> Shape:
     return replace(shape, overrides=(*shape.overrides, ("max_position_embeddings", config.max_position_embeddings)))
 
 
+@no_transformers_bars()  # saving and reloading the models draws none: the log shows the training bars and results
 def run_demo(output_dir: str | Path = "runs/demo", settings: DemoSettings | None = None) -> DemoResult:
     """Train, compare, plot, save and sample; everything lands under `output_dir`."""
     settings = settings or DemoSettings()
@@ -216,12 +219,17 @@ def evaluate_downstream(model_dirs: dict[str, Path], output_dir: Path, settings:
     from ..eval import harness
 
     manager = harness.task_manager(harness.OFFLINE_TASKS)
-    results = {
-        name: harness.evaluate(
-            str(folder), harness.OFFLINE_TASKS, manager, limit=settings.downstream_limit, dtype="float32"
+    results = {}
+    # one bar for the models, instead of lm-eval's ten or so a model
+    for name, folder in tqdm(model_dirs.items(), desc="Downstream tasks (lm-eval)", unit="model"):
+        results[name] = harness.evaluate(
+            str(folder),
+            harness.OFFLINE_TASKS,
+            manager,
+            limit=settings.downstream_limit,
+            dtype="float32",
+            progress=False,
         )
-        for name, folder in model_dirs.items()
-    }
     table = harness.results_table(results)
     harness.write_results(output_dir / "downstream.json", results, table)
     return table

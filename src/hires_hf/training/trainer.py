@@ -92,9 +92,14 @@ class HistoryCallback(TrainerCallback):
 
 
 class LossBarCallback(ProgressCallback):
-    """Trainer's progress bar, with the latest losses as its postfix instead of a printed dict per log."""
+    """Trainer's progress bar, with the latest losses as its postfix instead of a printed dict per log, and no
+    bar of its own for each evaluation: those nest under the training bar, and outside a terminal every one of
+    them leaves a line of cursor-up escape codes in the log; `eval_loss` in the postfix says what they would."""
 
     SHOWN = ("loss", "eval_loss", *ROUTER_LOSSES)
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs) -> None:
+        pass
 
     def on_log(self, args, state, control, logs=None, **kwargs) -> None:
         if state.is_world_process_zero and self.training_bar is not None:

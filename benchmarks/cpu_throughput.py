@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from hires_hf.io import write_json_atomic, write_text_atomic
+from hires_hf.tables import markdown_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -94,12 +95,17 @@ def main(argv: list[str] | None = None) -> int:
         f"`python -m benchmarks.cpu_throughput` (d=128, L=16 HiRes, batches of 16 x 128, {args.steps} timed steps "
         "after 2 warm-up steps; every layout measured in this one run).",
         "",
-        "| layout | training tokens/s (all processes) | vs 1 x 1 | warm-up s |",
-        "|---|---:|---:|---:|",
     ]
-    for name, row in rows.items():
-        ratio = row["tokens_per_second"] / base
-        lines.append(f"| {name} | {row['tokens_per_second']:,.0f} | {ratio:.2f}x | {row['warmup_seconds']:.1f} |")
+    cells = [
+        [
+            name,
+            f"{row['tokens_per_second']:,.0f}",
+            f"{row['tokens_per_second'] / base:.2f}x",
+            f"{row['warmup_seconds']:.1f}",
+        ]
+        for name, row in rows.items()
+    ]
+    lines += markdown_table(["layout", "training tokens/s (all processes)", "vs 1 x 1", "warm-up s"], cells, "lrrr")
     text = "\n".join(lines) + "\n"
     write_text_atomic(RESULTS / "cpu_throughput.md", text)
     write_json_atomic(RESULTS / "cpu_throughput.json", rows)

@@ -27,7 +27,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ from hires_hf.experiments.harness import (
     train_run,
 )
 from hires_hf.io import write_json_atomic, write_text_atomic
+from hires_hf.tables import markdown_table
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sweep"
 GRID = (2e-3, 4e-3, 8e-3)
@@ -300,11 +301,6 @@ def _arm_of(name: str, rows: list[dict[str, Any]], arms: dict[str, Arm]) -> Arm:
 
 
 # ---------------------------------------------------------------------------------------------------- report
-def table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-
-
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per arm: best rate (seed 0), bracket, seed losses at that rate, mean, gap to the control's mean."""
     best = best_by_arm(rows)
@@ -391,7 +387,7 @@ def report(setup: Setup, where: Path, command: str) -> str:
                 f"{s['flops_per_token'] / 1e6:.2f}M",
             ]
         )
-    lines += table(
+    lines += markdown_table(
         [
             "arm",
             "changed",
@@ -425,7 +421,7 @@ def report(setup: Setup, where: Path, command: str) -> str:
                     f"{gaps[len(gaps) // 4][1]:+.3f} → {gaps[-1][1]:+.3f}" if gaps else "",
                 ]
             )
-        lines += table(
+        lines += markdown_table(
             ["arm", "lr", f"loss at {LONG}x (seed 0 / 1)", "mean", "gap at 1x", f"gap along {LONG}x (1/4 → end)"], out
         )
     return "\n".join(lines) + "\n"

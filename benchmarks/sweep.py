@@ -235,13 +235,14 @@ def refine_rates(rows: list[dict[str, Any]], count: int = 2) -> dict[str, list[f
 
 def seed_cells(rows: list[dict[str, Any]]) -> list[tuple[str, float]]:
     """(arm, lr) cells that get a second seed: every seed-0 cell within NEAR_WINNER of the best one, and the best
-    cell of the control and of the two best HiRes arms (the verdict compares those, whatever their distance)."""
+    cell of the control, of the shipped default and of the two best HiRes arms (the verdict and the choice of
+    default compare those, whatever their distance)."""
     first = [r for r in rows if r["seed"] == 0 and r.get("length", 1) == 1 and r["kind"] != "peer"]
     winner = min(r["final_loss"] for r in first)
     cells = [(r["arm"], r["lr"]) for r in first if r["final_loss"] <= winner + NEAR_WINNER]
     best = best_by_arm(rows)
     hires = sorted((a for a, b in best.items() if b["kind"] == HIRES), key=lambda a: best[a]["final_loss"])[:2]
-    cells += [(arm, best[arm]["lr"]) for arm in ["control", *hires] if arm in best]
+    cells += [(arm, best[arm]["lr"]) for arm in ["control", "hires", *hires] if arm in best]
     return sorted(set(cells))
 
 

@@ -279,9 +279,8 @@ def run_stage(
         jobs = [(_arm_of(name, rows, arms), [lr], 1, 1, False) for name, lr in seed_cells(rows)]
     elif stage == "long":
         hires, control = best_hires(rows), best_by_arm(rows)["control"]
-        jobs = [
-            (_arm_of(r["arm"], rows, arms), [r["lr"]], seed, LONG, False) for seed in (0, 1) for r in (hires, control)
-        ]
+        pairs = [(r, seed) for seed in LONG_SEEDS for r in (hires, control)]
+        jobs = [(_arm_of(r["arm"], rows, arms), [r["lr"]], seed, LONG, False) for r, seed in pairs]
     mine = jobs[worker::workers]
     total = sum(len(rates) for _, rates, _, _, _ in mine)
     with tqdm(total=total, desc=f"{stage} {worker}/{workers}", unit="run", dynamic_ncols=True) as bar:

@@ -378,9 +378,9 @@ def report(setup: Setup, where: Path, command: str) -> str:
             [
                 f"**{arm}**" if arm == "control" else arm,
                 fields or ("(baseline)" if arm == "control" else ""),
-                f"{s['lr']:g}",
+                f"{s['lr']:.3g}",
                 s["bracket"] + ("" if s["bracket"] == "bracketed" else " ⚠"),
-                ", ".join(f"{lr:g}" for lr in s["rates"]),
+                ", ".join(f"{lr:.3g}" for lr in s["rates"]),
                 seeds,
                 f"{s['mean']:.3f}",
                 f"{s['gap']:+.3f}",
@@ -415,7 +415,7 @@ def report(setup: Setup, where: Path, command: str) -> str:
             out.append(
                 [
                     arm,
-                    f"{runs[0]['lr']:g}",
+                    f"{runs[0]['lr']:.3g}",
                     " / ".join(f"{loss:.3f}" for loss in losses),
                     f"{sum(losses) / len(losses):.3f}",
                     f"{gap_1x:+.3f}",
@@ -444,7 +444,7 @@ def plot(rows: list[dict[str, Any]], where: Path, title: str) -> None:
         )
         flops, losses = zip(*[(f, loss) for f, loss in run.curve if f > 0])
         style = {"color": "black", "linewidth": 2.5} if arm == "control" else {"color": colours(i % 20)}
-        left.plot(flops, losses, label=f"{arm} ({s['lr']:g})", **style)
+        left.plot(flops, losses, label=f"{arm} ({s['lr']:.3g})", **style)
         grid = sorted(
             (r["lr"], r["final_loss"]) for r in rows if r["arm"] == arm and r["seed"] == 0 and r.get("length", 1) == 1
         )

@@ -363,8 +363,12 @@ def report(setup: Setup, where: Path, command: str) -> str:
         f" vocab {setup.shape.vocab_size},"
         f" one recipe (AdamW 0.9/0.95, wd 0.1, transformers' cosine_with_min_lr: warmup 5%, floor 10%, clip 1.0)."
         f" Learning rates: a x2 grid from {', '.join(f'{lr:g}' for lr in GRID)}, extended until each arm's best is"
-        f" bracketed. Final validation loss at the best rate; seeds at that rate; gap = arm mean - control mean"
-        f" (negative: the arm wins). {len(rows)} runs, {seconds / 3600:.1f} CPU-process hours (2 cores).",
+        f" bracketed, then x sqrt(2) either side of the best of the control and the two best HiRes arms (`refine`)."
+        f" Final validation loss at the best rate; seeds at that rate (a second seed for the control, the shipped"
+        f" default, the two best HiRes arms and every cell within {NEAR_WINNER} of the winner); gap = arm mean -"
+        f" control mean (negative: the arm wins); steps and FLOPs/token per arm (counted, training)."
+        f" {len(rows)} runs, {seconds / 3600:.1f} process-hours of training, two single-threaded processes on"
+        f" 2 cores.",
         "",
         f"Commands: `{command}` (see the module docstring of `benchmarks/sweep.py` for the stages).",
         "",

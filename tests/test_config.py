@@ -9,6 +9,7 @@ from transformers import AutoConfig, OlmoeConfig
 
 from hires_hf import PRESETS, HiResConfig, HiResForCausalLM
 from hires_hf.accounting import count_parameters
+from hires_hf.configuration_hires import WRITE_BASE_WIDTH
 from hires_hf.training.cli import with_overrides
 from hires_hf.twins import vanilla_config
 
@@ -80,7 +81,7 @@ def test_defaults_follow_the_spec() -> None:
     config = HiResConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=8)
     assert config.residual_size == 128  # D = 2d
     assert config.layers_per_block == 4
-    assert (config.write_mode, config.outer_norm, config.projection_init) == ("output", True, "normal")
+    assert (config.write_mode, config.outer_norm, config.projection_init) == ("output", True, "identity")
     assert config.head_dim == 16 and config.num_key_value_heads == 4
     assert not config.is_moe
     assert config.router_aux_loss_coef == 0.0  # nothing to balance: tools (TRL) read a non-zero value as "MoE"
@@ -113,13 +114,16 @@ def test_config_round_trips_through_json(tmp_path) -> None:
 
 # ------------------------------------------------------------------ derived defaults follow the final values
 # What a user changes (one field) and what the fields left to their default must then be, on the tiny preset
-# (d = 64, outer norm on: write multiplier 128 / 64 = 2, embedding multiplier 1 / 0.02 = 50, write norm on).
+# (d = 64, outer norm on: write multiplier WRITE_BASE_WIDTH / 64, embedding multiplier 1 / 0.02 = 50, write norm on).
 CHANGES = {
     "outer-norm-off": (
         {"outer_norm": False},
         {"write_norm": False, "write_multiplier": 1.0, "embedding_multiplier": 1.0},
     ),
-    "wider-layers": ({"hidden_size": 128}, {"write_multiplier": 1.0, "head_dim": 32, "write_norm": True}),
+    "wider-layers": (
+        {"hidden_size": 128},
+        {"write_multiplier": WRITE_BASE_WIDTH / 128, "head_dim": 32, "write_norm": True},
+    ),
     "other-init": ({"initializer_range": 0.04}, {"embedding_multiplier": 25.0}),
     "experts": (
         {"num_experts": 4, "num_experts_per_tok": 2},
@@ -203,4 +207,8 @@ def test_from_preset_derives_from_the_overrides_and_assigning_none_hands_a_field
     assert (config.write_multiplier, config.embedding_multiplier, config.write_norm) == (0.5, 1.0, False)
     config.write_multiplier = None  # back to its default, derived from outer_norm=False
     config.outer_norm = True
-    assert (config.write_multiplier, config.embedding_multiplier, config.write_norm) == (2.0, 50.0, True)
+    assert (config.write_multiplier, config.embedding_multiplier, config.write_norm) == (
+        WRITE_BASE_WIDTH / 64,
+        50.0,
+        True,
+    )

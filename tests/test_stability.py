@@ -50,7 +50,8 @@ def test_tokens_enter_the_wide_stream_at_the_scale_the_outer_norms_hold_it():
     units = stream_probe(model, torch.randint(2, VOCAB, (4, 32)))["units"]
     between = sum(unit["stream_rms"] for unit in units[1:]) / (len(units) - 1)
     assert 0.5 < units[0]["stream_rms"] / between < 2.0
-    assert units[0]["write_to_stream"] < 0.5  # block 0 adds to the tokens, it does not drown them
+    # block 0 adds to the tokens, it does not drown them (the vanilla-scale embedding was written over ~10x)
+    assert units[0]["write_to_stream"] < 1.0
 
 
 @pytest.mark.parametrize(("outer_norm", "rms"), [(False, 0.02), (True, 1.0)], ids=["additive-stream", "default"])

@@ -11,9 +11,10 @@ people recognise them. Two layer options let one config hold Llama, Qwen2, Qwen3
   `num_hidden_layers`.
 - `write_mode`: what a block writes back into the wide stream, its output ("output") or what it added ("delta").
 - `outer_norm`: the PostNorm over D after each block's write (off only for ablations and exact upcycling).
-- `projection_init`: how read / write / read-out projections start: "normal" (std `initializer_range`, as every
-  other matrix), "identity" (the rectangular identity: the first d coordinates of the wide stream are the vanilla
-  stream) or "fan_in" (std 1 / sqrt(fan_in), which maps a normalised input to RMS ~1).
+- `projection_init`: how read / write / read-out projections start: "identity" (the default: the rectangular
+  identity, so that the first d coordinates of the wide stream start as a plain residual stream; the best init of
+  the design sweep, docs/research.md), "normal" (std `initializer_range`, as every other matrix) or "fan_in"
+  (std 1 / sqrt(fan_in), which maps a normalised input to RMS ~1).
 - `write_norm`: an RMSNorm (with its own gain) on what a block writes, before the write projection. With the
   outer norm on, every projection then reads a normalised vector: the read and the read-out read the stream the
   outer norms hold at RMS 1, the layers read their PreNorms, and the write reads this norm instead of the raw
@@ -55,7 +56,7 @@ from transformers.modeling_rope_utils import RopeParameters
 WRITE_MODES = ("output", "delta")
 PROJECTION_INITS = ("normal", "identity", "fan_in")
 QK_NORMS = (None, "per_head", "full")
-WRITE_BASE_WIDTH = 128  # the width at which the write's multiplier is 1 (muP's base width)
+WRITE_BASE_WIDTH = 64  # the width at which the write's multiplier is 1 (muP's base width; the sweep's best)
 
 # The fields whose default, None, means "derived from the other fields", and how. A field left to None is
 # computed from the final values of the fields it depends on: at construction, and again whenever a field is
@@ -166,7 +167,7 @@ class HiResConfig(PreTrainedConfig):
     layers_per_block: int = 4  # k
     write_mode: str = "output"
     outer_norm: bool = True
-    projection_init: str = "normal"
+    projection_init: str = "identity"
     write_norm: bool | None = None  # None -> outer_norm: normalise what a block writes into a normalised stream
     write_multiplier: float | None = None  # None -> WRITE_BASE_WIDTH / hidden_size with the outer norm, else 1.0
     embedding_multiplier: float | None = None  # None -> 1 / initializer_range with the outer norm, else 1.0

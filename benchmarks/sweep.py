@@ -58,6 +58,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "sweep"
 GRID = (2e-3, 4e-3, 8e-3)
 NEAR_WINNER = 0.1  # nats: cells this close to the winner get a second seed
 LONG = 4  # the length check trains this many times the budget
+GAP_POINTS = (1 / 8, 1 / 4, 1 / 2, 1)  # where along the long runs the gap is read
 LONG_SEEDS = (0,)  # one seed: the gap is read along each run, early against late
 
 
@@ -423,12 +424,11 @@ def report(setup: Setup, where: Path, command: str) -> str:
                     " / ".join(f"{loss:.3f}" for loss in losses),
                     f"{sum(losses) / len(losses):.3f}",
                     f"{gap_1x:+.3f}",
-                    f"{gaps[len(gaps) // 4][1]:+.3f} → {gaps[-1][1]:+.3f}" if gaps else "",
+                    " → ".join(f"{gaps[round(f * len(gaps)) - 1][1]:+.3f}" for f in GAP_POINTS) if gaps else "",
                 ]
             )
-        lines += markdown_table(
-            ["arm", "lr", f"loss at {LONG}x (seed 0 / 1)", "mean", "gap at 1x", f"gap along {LONG}x (1/4 → end)"], out
-        )
+        header = ["arm", "lr", f"loss at {LONG}x", "mean", "gap at 1x", f"gap at 1/8 → 1/4 → 1/2 → all of {LONG}x"]
+        lines += markdown_table(header, out)
     return "\n".join(lines) + "\n"
 
 

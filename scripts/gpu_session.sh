@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks, in the order they matter (about 13 minutes on one H200), each writing as it goes under $OUT:
+# The GPU checks, in the order they matter (about 21 minutes on one H200; PHASES=compare alone fits in 10), each writing as it goes under $OUT:
 #   compare:   `hires-hf compare` at d=512, L=16, k=4: the shipped HiRes against the scaled-embedding control,
 #              12M control tokens a run, each over its own bracketing grid from 5e-4 / 1e-3 / 2e-3 (~8 minutes).
 #   stability: the stability grid at d=512, L=16 (docs/stability.md), HiRes vs its twin over peak learning

@@ -260,9 +260,17 @@ def best_hires(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_stage(
-    stage: str, setup: Setup, data: Data, where: Path, worker: int, workers: int, only: Sequence[str] = ()
+    stage: str,
+    setup: Setup,
+    data: Data,
+    where: Path,
+    worker: int,
+    workers: int,
+    only: Sequence[str] = (),
+    seed: int = 1,
 ) -> None:
-    """Train this worker's share of the stage's jobs; `only` limits the grid to the arms it names."""
+    """Train this worker's share of the stage's jobs; `only` limits the grid and the seeds to the arms it names,
+    `seed` is the seed the seeds stage adds."""
     recorder = Recorder(where, worker)
     rows = list(recorder.done.values())
     arms = {arm.name: arm for arm in [*factor_arms(setup.shape), *PEERS]}
@@ -277,7 +285,8 @@ def run_stage(
     elif stage == "refine":
         jobs = [(_arm_of(name, rows, arms), rates, 0, 1, False) for name, rates in refine_rates(rows).items()]
     elif stage == "seeds":
-        jobs = [(_arm_of(name, rows, arms), [lr], 1, 1, False) for name, lr in seed_cells(rows)]
+        cells = [(name, lr) for name, lr in seed_cells(rows) if not only or name in only]
+        jobs = [(_arm_of(name, rows, arms), [lr], seed, 1, False) for name, lr in cells]
     elif stage == "long":
         hires, control = best_hires(rows), best_by_arm(rows)["control"]
         pairs = [(r, seed) for seed in LONG_SEEDS for r in (hires, control)]
@@ -400,7 +409,7 @@ def report(setup: Setup, where: Path, command: str) -> str:
             "best lr",
             "bracket",
             "rates tried",
-            "loss (seed 0 / 1)",
+            "loss by seed (0 / 1 / 2)",
             "mean",
             "gap",
             "steps",
@@ -499,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stage", choices=("grid", "combo", "refine", "seeds", "long", "peers", "report"))
     parser.add_argument("--shape", default="128x16", help="WIDTHxLAYERS (k=4, D=2d)")
     parser.add_argument("--head-dim", type=int, default=64, help="dims per attention head (default 64)")
-    parser.add_argument("--arms", nargs="+", default=(), help="grid: only these arms (default: every factor)")
+    parser.add_argument("--arms", nargs="+", default=(), help="grid, seeds: only these arms (default: all)")
+    parser.add_argument("--seed", type=int, default=1, help="seeds: the seed to add (default 1)")
     parser.add_argument("--worker", default="0/1", help="i/n: this process trains every n-th job from the i-th")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of this process")
     parser.add_argument("--smoke", action="store_true", help="a seconds-long run of the stage (tests)")
@@ -526,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     data = prepare_data(
         setup.corpus, setup.shape.vocab_size, setup.context, setup.max_chars, eval_blocks=setup.eval_blocks
     )
-    run_stage(args.stage, setup, data, where, worker, workers, args.arms)
+    run_stage(args.stage, setup, data, where, worker, workers, args.arms, args.seed)
     print(f"{args.stage} {worker}/{workers} done in {(time.perf_counter() - start) / 60:.1f} min", file=sys.stderr)
     return 0
 

@@ -267,10 +267,10 @@ def run_stage(
     worker: int,
     workers: int,
     only: Sequence[str] = (),
-    seed: int = 1,
+    seed: int | None = None,
 ) -> None:
     """Train this worker's share of the stage's jobs; `only` limits the grid and the seeds to the arms it names,
-    `seed` is the seed the seeds stage adds."""
+    `seed` is the seed the seeds stage adds (default 1) or the long stage runs (default LONG_SEEDS)."""
     recorder = Recorder(where, worker)
     rows = list(recorder.done.values())
     arms = {arm.name: arm for arm in [*factor_arms(setup.shape), *PEERS]}
@@ -286,10 +286,10 @@ def run_stage(
         jobs = [(_arm_of(name, rows, arms), rates, 0, 1, False) for name, rates in refine_rates(rows).items()]
     elif stage == "seeds":
         cells = [(name, lr) for name, lr in seed_cells(rows) if not only or name in only]
-        jobs = [(_arm_of(name, rows, arms), [lr], seed, 1, False) for name, lr in cells]
+        jobs = [(_arm_of(name, rows, arms), [lr], seed or 1, 1, False) for name, lr in cells]
     elif stage == "long":
         hires, control = best_hires(rows), best_by_arm(rows)["control"]
-        pairs = [(r, seed) for seed in LONG_SEEDS for r in (hires, control)]
+        pairs = [(r, s) for s in (LONG_SEEDS if seed is None else (seed,)) for r in (hires, control)]
         jobs = [(_arm_of(r["arm"], rows, arms), [r["lr"]], seed, LONG, False) for r, seed in pairs]
     mine = jobs[worker::workers]
     total = sum(len(rates) for _, rates, _, _, _ in mine)
@@ -509,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", default="128x16", help="WIDTHxLAYERS (k=4, D=2d)")
     parser.add_argument("--head-dim", type=int, default=64, help="dims per attention head (default 64)")
     parser.add_argument("--arms", nargs="+", default=(), help="grid, seeds: only these arms (default: all)")
-    parser.add_argument("--seed", type=int, default=1, help="seeds: the seed to add (default 1)")
+    parser.add_argument("--seed", type=int, help="seeds: the seed to add (default 1); long: the seed (default 0)")
     parser.add_argument("--worker", default="0/1", help="i/n: this process trains every n-th job from the i-th")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of this process")
     parser.add_argument("--smoke", action="store_true", help="a seconds-long run of the stage (tests)")

@@ -312,19 +312,32 @@ def _arm_of(name: str, rows: list[dict[str, Any]], arms: dict[str, Arm]) -> Arm:
 
 
 # ---------------------------------------------------------------------------------------------------- report
+def mean_best_rate(rows: list[dict[str, Any]], arm: str, seed0_best: float) -> float:
+    """The arm's rate with the lowest mean over seeds among the rates run on more than one seed (a lucky seed 0 at
+    one rate must not pick it); the seed-0 best where no rate has a second seed."""
+    by_rate: dict[float, list[float]] = {}
+    for r in rows:
+        if r["arm"] == arm and r.get("length", 1) == 1:
+            by_rate.setdefault(r["lr"], []).append(r["final_loss"])
+    seeded = {lr: losses for lr, losses in by_rate.items() if len(losses) > 1}
+    return min(seeded, key=lambda lr: sum(seeded[lr]) / len(seeded[lr])) if seeded else seed0_best
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per arm: best rate (seed 0), bracket, seed losses at that rate, mean, gap to the control's mean."""
+    """Per arm: best rate (by the mean over seeds where a rate has several), bracket, seed losses at that rate,
+    mean, gap to the control's mean."""
     best = best_by_arm(rows)
     summary = {}
     for arm, b in best.items():
+        lr = mean_best_rate(rows, arm, b["lr"])
         seeds = sorted(
-            (r for r in rows if (r["arm"], r["lr"], r.get("length", 1)) == (arm, b["lr"], 1)), key=lambda r: r["seed"]
+            (r for r in rows if (r["arm"], r["lr"], r.get("length", 1)) == (arm, lr, 1)), key=lambda r: r["seed"]
         )
         losses = [r["final_loss"] for r in seeds]
         summary[arm] = {
             "kind": b["kind"],
             "fields": b["fields"],
-            "lr": b["lr"],
+            "lr": lr,
             "bracket": b["bracket"],
             "rates": sorted(r["lr"] for r in rows if r["arm"] == arm and r["seed"] == 0 and r.get("length", 1) == 1),
             "losses": losses,
@@ -374,7 +387,8 @@ def report(setup: Setup, where: Path, command: str) -> str:
         f" one recipe (AdamW 0.9/0.95, wd 0.1, transformers' cosine_with_min_lr: warmup 5%, floor 10%, clip 1.0)."
         f" Learning rates: a x2 grid from {', '.join(f'{lr:g}' for lr in GRID)}, extended until each arm's best is"
         f" bracketed, then x sqrt(2) either side of the best of the control and the two best HiRes arms (`refine`)."
-        f" Final validation loss at the best rate; seeds at that rate (a second seed for the control, the shipped"
+        f" Final validation loss at the best rate (by the mean over seeds where a rate ran several); seeds at that"
+        f" rate (a second seed for the control, the shipped"
         f" default, the two best HiRes arms and every cell within {NEAR_WINNER} of the winner); gap = arm mean -"
         f" control mean (negative: the arm wins); steps and FLOPs/token per arm (counted, training)."
         f" {len(rows)} runs, {seconds / 3600:.1f} process-hours of training, two single-threaded processes on"

@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
     models, out, *cases = argv
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo")
-    input_ids = torch.load(Path(models) / "batch.pt")
+    input_ids = torch.load(Path(models) / "batch.pt", weights_only=True)
     for case in cases:
         run_case(case, Path(models), Path(out), input_ids)
     torch.distributed.destroy_process_group()

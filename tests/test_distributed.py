@@ -129,7 +129,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torc
 
 
 def _result(out: Path, case: str, rank: int) -> dict:
-    return torch.load(out / f"{case}-rank{rank}.pt")
+    return torch.load(out / f"{case}-rank{rank}.pt", weights_only=True)
 
 
 @pytest.mark.slow

@@ -32,12 +32,12 @@ from ..training.loop import pick_device
 from .harness import (
     CONTROL,
     HIRES,
-    PLAIN,
     Arm,
     Budget,
     Data,
     Run,
     Shape,
+    baseline_arms,
     best_run,
     loss_at_flops,
     prepare_data,
@@ -110,11 +110,6 @@ def load_hires_config(model: str, vocab_size: int | None = None) -> HiResConfig:
     if vocab_size:
         config.vocab_size = vocab_size
     return config
-
-
-def arms_for(plain_twin: bool) -> list[Arm]:
-    arms = [Arm("hires", HIRES), Arm("control", CONTROL)]
-    return [*arms, Arm("plain-twin", PLAIN)] if plain_twin else arms
 
 
 def plan_budget(
@@ -207,7 +202,7 @@ def compare(settings: CompareSettings, out: Path | None = None, progress: bool =
         eval_blocks=settings.eval_blocks,
         progress=progress,
     )
-    arms = arms_for(settings.plain_twin)
+    arms = [Arm("hires", HIRES), *baseline_arms(settings.plain_twin)]
     budget = plan_budget(settings, shape, data, arms, device)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

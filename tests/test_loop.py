@@ -145,3 +145,63 @@ def test_step_timing_is_seconds_per_step_after_the_warm_up(monkeypatch):
     monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
     assert time_train_step(HiResConfig.from_preset("tiny"), 2, 16, steps=3) == pytest.approx(1.0)
     assert clock[0] == 4.0  # one warm-up step and three timed ones
+
+
+KILLED_RUN = """
+import os, signal, sys, torch
+from pathlib import Path
+from transformers import AutoModelForCausalLM
+from hires_hf import HiResConfig
+from hires_hf.training.loop import LoopSettings, train_loop
+torch.set_num_threads(1)
+train, valid = torch.load(sys.argv[1], weights_only=True).values()
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(HiResConfig.from_preset("tiny", vocab_size=300, pad_token_id=0))
+settings = LoopSettings(steps=12, batch_size=4, learning_rate=3e-3, evaluations=4, precision="fp32")
+def kill(step):
+    if step == 6:  # after the checkpoint of step 7: SIGKILL, no clean-up of any kind
+        os.kill(os.getpid(), signal.SIGKILL)
+train_loop(model, train, valid, settings, on_step=kill, checkpoint=Path(sys.argv[2]), checkpoint_seconds=0)
+"""
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_result(blocks, tmp_path):
+    """SIGKILL half-way through, then the same call again: the same curve, losses and weights as one run."""
+    import subprocess
+    import sys
+
+    train, valid, _ = blocks
+    data = tmp_path / "blocks.pt"
+    torch.save({"train": train, "valid": valid[:4]}, data)
+    checkpoint = tmp_path / "run" / "checkpoint.safetensors"
+    killed = subprocess.run([sys.executable, "-c", KILLED_RUN, str(data), str(checkpoint)], check=False)
+    assert killed.returncode == -9 and checkpoint.exists()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the killed process: the same kernels, the same sums
+    settings = LoopSettings(steps=12, batch_size=4, learning_rate=3e-3, evaluations=4, precision="fp32")
+    results, weights = [], []
+    try:
+        for path in (checkpoint, None):  # resumed from step 7, then uninterrupted
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(HiResConfig.from_preset("tiny", vocab_size=300, pad_token_id=0))
+            results.append(train_loop(model, train, valid[:4], settings, checkpoint=path, checkpoint_seconds=1e9))
+            weights.append(model.state_dict())
+    finally:
+        torch.set_num_threads(threads)
+    resumed, uninterrupted = results
+    assert resumed.curve == uninterrupted.curve and len(resumed.curve) == 5
+    assert resumed.train_losses == uninterrupted.train_losses and len(resumed.train_losses) == 12
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[1])
+
+
+def test_precision_auto_is_bf16_exactly_where_bf16_matmuls_are_native():
+    from hires_hf.training.loop import bf16_matmul_hardware, resolve_precision, should_compile
+
+    cpu = torch.device("cpu")
+    assert resolve_precision(cpu, "auto") == ("bf16" if bf16_matmul_hardware("cpu") else "fp32")
+    assert resolve_precision(cpu, "fp32") == "fp32" and resolve_precision(cpu, "bf16") == "bf16"
+    with pytest.raises(ValueError, match="precision"):
+        resolve_precision(cpu, "fp16")
+    assert not should_compile(1e12, cpu) and should_compile(1e15, cpu)
+    assert should_compile(1.0, cpu, "on") and not should_compile(1e18, cpu, "off")

@@ -1,12 +1,18 @@
-"""A plain, device-aware training loop for measurements: the ladder and the stability benchmark.
+"""A plain, device-aware training loop for measurements: compare, the sweep, the ladder, the stability benchmark.
 
 It trains with the package's recipe, the same one `train_model` gives the HF Trainer: AdamW (betas 0.9 / 0.95,
 weight decay 0.1 on matrices and embeddings, none on norms and biases), transformers' own
 `cosine_with_min_lr` schedule (linear warmup from 0 over 5% of the steps, cosine down to 10% of the peak),
-gradient clipping at 1.0, one learning rate for every parameter. What it adds for
-measurements: the packed data is moved to the training device once and batches are drawn there; bf16
-autocast on CUDA; the loss is only read back to the host at evaluations, so the GPU is never stalled by a
-per-step sync; step times are measured synchronised (`time_train_step`).
+gradient clipping at 1.0, one learning rate for every parameter. What it adds for measurements:
+
+- the packed data is moved to the training device once and batches are drawn there; the loss is only read back
+  to the host at evaluations, so the GPU is never stalled by a per-step sync;
+- bf16 autocast (fp32 master weights and optimizer) wherever the hardware has bf16 matrix instructions: CUDA,
+  and CPUs with AMX or AVX512-BF16 (`bf16_matmul_hardware`); fp32 elsewhere or when asked;
+- `torch.compile` of the training forward for runs long enough to repay the compile (`should_compile`);
+- a checkpoint every few minutes (`checkpoint=`): a run killed at any point resumes to the result it would have
+  reached uninterrupted (`hires_hf.training.checkpoint`);
+- step times measured synchronised (`time_train_step`).
 """
 
 from __future__ import annotations
@@ -16,10 +22,14 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedConfig, get_scheduler
+
+from .checkpoint import load_checkpoint, save_checkpoint
 
 # The package's optimisation recipe; `trainer.py` hands the same values to the HF Trainer.
 ADAM_BETAS = (0.9, 0.95)
@@ -28,6 +38,12 @@ WARMUP_FRACTION = 0.05
 MIN_LR_RATE = 0.1  # the cosine ends at this share of the peak
 MAX_GRAD_NORM = 1.0
 SCHEDULE = "cosine_with_min_lr"  # transformers' scheduler name, in the loop and in the Trainer alike
+PRECISIONS = ("auto", "bf16", "fp32")
+COMPILES = ("auto", "on", "off")
+# `torch.compile` pays when the run is long: on these CPUs it costs 20-40 s per model shape and then trains
+# 1.3-1.7x faster (benchmarks/cpu_throughput); below this many counted FLOPs a run is over before it repays.
+COMPILE_MIN_FLOPS = 3e13
+CHECKPOINT_SECONDS = 300.0  # wall clock between checkpoints of a run that has somewhere to put them
 
 
 @dataclass(frozen=True)
@@ -42,7 +58,8 @@ class LoopSettings:
     evaluations: int = 8  # evenly spaced, plus one before the first step
     eval_batch_size: int = 16
     seed: int = 0
-    precision: str = "auto"  # "auto": bf16 autocast on CUDA, fp32 elsewhere; "bf16" or "fp32" anywhere
+    precision: str = "auto"  # "auto": bf16 autocast where bf16 matmuls are fast (bf16_matmul_hardware); or bf16 / fp32
+    compile: bool = False  # torch.compile the training forward (the harness decides with `should_compile`)
 
 
 @dataclass
@@ -73,9 +90,41 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+@cache
+def bf16_matmul_hardware(device_type: str) -> bool:
+    """Whether bf16 matrix products run natively here: CUDA, or a CPU with AMX tiles or AVX512-BF16 (where
+    oneDNN's bf16 matmul is several times its fp32 one); elsewhere bf16 would be emulated and slower."""
+    if device_type == "cuda":
+        return True
+    if device_type != "cpu":
+        return False
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+
+
+def resolve_precision(device: torch.device, precision: str = "auto") -> str:
+    """ "bf16" or "fp32": "auto" is bf16 where the hardware has bf16 matrix instructions."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"Unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}.")
+    if precision == "auto":
+        return "bf16" if bf16_matmul_hardware(device.type) else "fp32"
+    return precision
+
+
+def should_compile(run_flops: float, device: torch.device, choice: str = "auto") -> bool:
+    """Compile the training forward when asked ("on"), or with "auto" for a run of at least COMPILE_MIN_FLOPS
+    counted FLOPs on a CPU or GPU (decided from the run's size, never from a clock, so that the same run is always
+    trained the same way)."""
+    if choice not in COMPILES:
+        raise ValueError(f"Unknown compile choice {choice!r}; choose one of {', '.join(COMPILES)}.")
+    if choice != "auto":
+        return choice == "on"
+    return device.type in ("cpu", "cuda") and run_flops >= COMPILE_MIN_FLOPS
+
+
 def autocast(device: torch.device, precision: str = "auto") -> AbstractContextManager:
-    """bf16 autocast (weights and optimizer stay fp32) on CUDA with "auto", anywhere with "bf16"; else fp32."""
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+    """bf16 autocast (weights and optimizer stay fp32) where `resolve_precision` says bf16; else fp32."""
+    if resolve_precision(device, precision) == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return nullcontext()
 
@@ -147,11 +196,16 @@ def train_loop(
     on_step: Callable[[int], None] | None = None,
     before_update: Callable[[nn.Module, int], None] | None = None,
     after_update: Callable[[nn.Module, int], None] | None = None,
+    checkpoint: Path | None = None,
+    checkpoint_seconds: float = CHECKPOINT_SECONDS,
 ) -> LoopResult:
     """Train `model` in place on `train_blocks` (moved to the model's device once) and evaluate on `valid_blocks`.
 
     `on_step(step)` is called after every optimizer step (a progress bar); `before_update` / `after_update`
-    bracket the optimizer step (a `DiagnosticsRecorder`). A non-finite loss stops the run (`diverged`).
+    bracket the optimizer step (a `DiagnosticsRecorder`). A non-finite loss stops the run (`diverged`). With
+    `checkpoint` (a file path), the run saves its state there every `checkpoint_seconds` and, if the file exists
+    when it starts, continues from it: the result is the one the uninterrupted run gets. The caller removes the
+    file once it has kept the result.
     """
     device = next(model.parameters()).device
     train_blocks, valid_blocks = train_blocks.to(device), valid_blocks.to(device)
@@ -159,15 +213,23 @@ def train_loop(
     optimizer = build_optimizer(model, settings)
     scheduler = build_scheduler(optimizer, settings.steps)
     eval_at = _evaluation_steps(settings)
-    curve = [(0, evaluate(model, valid_blocks, settings.eval_batch_size, settings.precision))]
-    losses: list[tuple[int, torch.Tensor]] = []
+    progress = {"step": 0, "curve": [], "train_losses": [], "seconds": 0.0}
+    if checkpoint is not None and checkpoint.exists():
+        progress = load_checkpoint(checkpoint, model, optimizer, scheduler)
+    else:
+        progress["curve"] = [(0, evaluate(model, valid_blocks, settings.eval_batch_size, settings.precision))]
+    curve = [tuple(point) for point in progress["curve"]]
+    train_losses = [tuple(point) for point in progress["train_losses"]]
+    forward = torch.compile(model) if settings.compile else model
+    pending: list[tuple[int, torch.Tensor]] = []  # losses still on the device: read back in bulk
     model.train()
     synchronize(device)
     start, eval_seconds, diverged = time.perf_counter(), 0.0, False
-    for step in range(settings.steps):
+    last_save = start
+    for step in range(progress["step"], settings.steps):
         batch = train_blocks[order[step]]
         with autocast(device, settings.precision):
-            loss = model(input_ids=batch, labels=batch).loss
+            loss = forward(input_ids=batch, labels=batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
         if before_update is not None:
@@ -177,23 +239,39 @@ def train_loop(
         if after_update is not None:
             after_update(model, step)
         optimizer.zero_grad(set_to_none=True)
-        losses.append((step + 1, loss.detach()))
-        if on_step is not None:
-            on_step(step)
+        pending.append((step + 1, loss.detach()))
         if step + 1 in eval_at:
             tick = time.perf_counter()
             curve.append((step + 1, evaluate(model, valid_blocks, settings.eval_batch_size, settings.precision)))
             eval_seconds += time.perf_counter() - tick
             if not math.isfinite(curve[-1][1]):
                 diverged = True
-                break
+        if checkpoint is not None and not diverged and time.perf_counter() - last_save >= checkpoint_seconds:
+            train_losses += _read_back(pending)
+            seconds = progress["seconds"] + time.perf_counter() - start - eval_seconds
+            state = {"step": step + 1, "curve": curve, "train_losses": train_losses, "seconds": seconds}
+            save_checkpoint(checkpoint, model, optimizer, scheduler, state)
+            last_save = time.perf_counter()
+        if on_step is not None:
+            on_step(step)
+        if diverged:
+            break
     synchronize(device)
-    seconds = time.perf_counter() - start - eval_seconds
+    seconds = progress["seconds"] + time.perf_counter() - start - eval_seconds
+    train_losses += _read_back(pending)
     done = curve[-1][0] if diverged else settings.steps
     tokens = done * settings.batch_size * train_blocks.shape[1]
-    values = torch.stack([value for _, value in losses]).float().tolist() if losses else []
-    train_losses = [(step, value) for (step, _), value in zip(losses, values)]
     return LoopResult(curve, done, tokens, seconds, diverged, train_losses)
+
+
+def _read_back(pending: list[tuple[int, torch.Tensor]]) -> list[tuple[int, float]]:
+    """The pending per-step losses as floats, in one device-to-host copy; empties `pending`."""
+    if not pending:
+        return []
+    values = torch.stack([value for _, value in pending]).float().tolist()
+    read = [(step, value) for (step, _), value in zip(pending, values)]
+    pending.clear()
+    return read
 
 
 def _evaluation_steps(settings: LoopSettings) -> set[int]:
@@ -235,9 +313,12 @@ __all__ = [
     "LoopSettings",
     "autocast",
     "batch_order",
+    "bf16_matmul_hardware",
     "build_scheduler",
     "evaluate",
     "pick_device",
+    "resolve_precision",
+    "should_compile",
     "time_train_step",
     "train_loop",
     "warmup_steps",

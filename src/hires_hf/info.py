@@ -3,35 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from .accounting import cost, hires_flops_overhead
 from .configuration_hires import PRESETS, HiResConfig
-from .errors import HiResUserError
+from .loading import load_config
 from .tables import markdown_table
-
-
-def load_config(spec: str) -> HiResConfig:
-    """A preset name, a config.json, or a model folder holding one."""
-    if spec in PRESETS:
-        return HiResConfig.from_preset(spec)
-    path = Path(spec)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise HiResUserError(
-            f"{spec!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a config.json / model folder."
-        )
-    try:
-        fields = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise HiResUserError(f"{path} is not valid JSON ({error}); pass a HiRes config.json.") from error
-    if fields.get("model_type", "hires") != "hires":
-        raise HiResUserError(
-            f"{path} describes a {fields['model_type']!r} model, not HiRes; convert it first with `hires-hf convert`."
-        )
-    return HiResConfig.from_dict(fields)
 
 
 def cost_table(config: HiResConfig, seq_len: int) -> str:

@@ -16,11 +16,9 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,8 +33,8 @@ from transformers import AutoTokenizer
 
 from .configuration_hires import HUB_AUTO_MAP
 from .errors import HiResUserError, first_line
-from .info import load_config
-from .io import write_json_atomic
+from .io import staged_folder, write_json_atomic
+from .loading import load_config
 from .model_card import build_model_card
 from .modeling_hires import HiResForCausalLM
 from .training.tokenizer import save_tokenizer
@@ -160,18 +158,12 @@ def build_hub_folder(
         config, repo_id, revision=revision, license=license, base_model=base_model, datasets=datasets, results=results
     )
     tokenizer_source = _tokenizer_source(model_dir, tokenizer)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
+    with staged_folder(out) as staging:  # replaces `out` only if it is an empty folder (checked above)
         _save_model(model_dir, staging, max_shard_size)
         _save_tokenizer(tokenizer_source, staging, config.max_position_embeddings)
         _complete_auto_map(staging / "config.json")
         card.save(staging / "README.md")
         _check_hub_folder(staging)
-        staging.rename(out)  # replaces `out` only if it is an empty folder (checked above)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out
 
 

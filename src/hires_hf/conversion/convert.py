@@ -20,7 +20,6 @@ import re
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from tqdm.auto import tqdm
 
 from ..configuration_hires import HUB_AUTO_MAP, HiResConfig
 from ..errors import HiResUserError, first_line
+from ..io import staged_folder
 from ..twins import hires_layer_fields
 from .keymaps import IGNORED_SOURCE_SUFFIXES, KEY_MAPS, Rule
 
@@ -514,31 +514,6 @@ def check_destination(source: Path, destination: Path, force: bool) -> None:
         raise HiResUserError(f"DST {destination} already exists; pass --force to replace it.")
 
 
-@contextmanager
-def staging_folder(destination: Path) -> Iterator[Path]:
-    """A temporary folder next to DST that becomes DST only if the body succeeds, and vanishes otherwise; an
-    existing DST (allowed by check_destination) is swapped out only then."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = destination.parent / f".{destination.name}.converting-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
-        yield staging
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if destination.exists():  # --force: swap, then drop the old folder
-        old = destination.parent / f".{destination.name}.replaced-{os.getpid()}"
-        destination.rename(old)
-        staging.rename(destination)
-        if old.is_dir():
-            shutil.rmtree(old)
-        else:
-            old.unlink()
-    else:
-        staging.rename(destination)
-
-
 # ---------------------------------------------------------------------------------------------- the check
 @dataclass
 class LogitCheck:
@@ -649,7 +624,7 @@ def convert(
     )
     steps = plan(KEY_MAPS[model_type], config, checkpoint, bool(source_config.tie_word_embeddings))
 
-    with staging_folder(destination) as staging:
+    with staged_folder(destination) as staging:  # DST appears whole, or not at all
         num_shards = write_weights(steps, checkpoint, staging, out_dtype, parse_size(max_shard_size))
         write_config(config, staging)
         copy_side_files(source, staging, config)

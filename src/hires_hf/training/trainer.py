@@ -41,7 +41,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from ..accounting import train_flops_per_token
 from ..errors import HiResUserError
-from ..io import write_json_atomic
+from ..io import ensure_writable, staged_folder, write_json_atomic
 from ..twins import num_experts
 from .loop import ADAM_BETAS, MAX_GRAD_NORM, MIN_LR_RATE, SCHEDULE, WEIGHT_DECAY, warmup_steps
 from .tokenizer import check_vocab, save_tokenizer
@@ -426,14 +426,9 @@ def _save_final(trainer: Trainer, model_dir: Path) -> Path:
     """
     model = _plain_model(trainer.model)  # every rank joins: FSDP2 gathers the shards
     if trainer.args.should_save:
-        staging = model_dir.with_name(model_dir.name + ".tmp")
-        if staging.exists():
-            shutil.rmtree(staging)
-        model.save_pretrained(staging)
-        save_tokenizer(trainer.processing_class, staging, getattr(model.config, "max_position_embeddings", None))
-        if model_dir.exists():
-            shutil.rmtree(model_dir)
-        staging.rename(model_dir)
+        with staged_folder(model_dir) as staging:
+            model.save_pretrained(staging)
+            save_tokenizer(trainer.processing_class, staging, getattr(model.config, "max_position_embeddings", None))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
     return model_dir
@@ -487,24 +482,10 @@ def require_checkpoint(output_dir: Path) -> Path:
     return Path(last)
 
 
-def ensure_writable(folder: Path) -> None:
-    """Fail before any training if results could not be written."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as error:
-        raise HiResUserError(
-            f"Cannot write to output directory {folder} ({error.strerror}); choose another."
-        ) from error
-
-
 __all__ = [
     "HiResTrainer",
     "TrainResult",
     "TrainSettings",
-    "ensure_writable",
     "require_checkpoint",
     "sharding_config",
     "train_model",

@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hires_hf  # registers the "hires" model type with the Auto classes
-from hires_hf.info import cost_table
+from hires_hf.accounting import cost_table
 
 
 def main() -> None:

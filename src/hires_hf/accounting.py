@@ -18,6 +18,7 @@ from transformers import PreTrainedConfig
 
 from .configuration_hires import HiResConfig
 from .errors import HiResUserError
+from .tables import markdown_table
 from .twins import hires_layer_fields
 
 
@@ -126,9 +127,25 @@ def _as_hires_shape(config: PreTrainedConfig) -> HiResConfig:
         ) from error
 
 
+def cost_table(config: HiResConfig, seq_len: int) -> str:
+    """A markdown table: params and counted FLOPs/token for HiRes and its vanilla twin, and the FLOPs overhead."""
+    hires, vanilla = cost(config, seq_len), cost(config, seq_len, vanilla=True)
+    rows = [
+        (name, f"{c.params:,}", f"{c.forward_flops_per_token:,.0f}", f"{c.train_flops_per_token:,.0f}")
+        for name, c in [
+            ("vanilla twin", vanilla),
+            (f"HiRes (D={config.residual_size}, k={config.layers_per_block})", hires),
+        ]
+    ]
+    table = markdown_table(["model", "params", "fwd FLOPs/token", "train FLOPs/token"], rows, align="lrrr")
+    overhead = hires_flops_overhead(config, seq_len)
+    return "\n".join(table) + f"\n\nHiRes FLOPs overhead at {seq_len} tokens of context: {overhead:+.2%}"
+
+
 __all__ = [
     "Cost",
     "cost",
+    "cost_table",
     "count_parameters",
     "forward_flops_per_token",
     "hires_extra_params",

@@ -1,7 +1,8 @@
-"""`hires-hf` command line: argument parsing and error messages only; the work lives in the sub-packages.
+"""`hires-hf` command line: the top level that gathers the sub-commands and turns user errors into one line.
 
-Each sub-package that owns commands exposes `add_parsers(subparsers)`, which adds its sub-commands and sets
-`func` on each; a `HiResUserError` (or `ValueError` from a config) becomes one line on stderr and exit code 2.
+Each command module (`hires_hf/commands/`, one a command) exposes `add_parsers(subparsers)`, which adds its
+sub-command and sets `func` on it; a `HiResUserError` (or `ValueError` from a config) becomes one line on stderr
+and exit code 2.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ from .errors import HiResUserError
 # Modules whose `add_parsers` contribute sub-commands. The package's own always import: if one fails, that is a
 # bug to see, not a command to drop quietly.
 COMMAND_MODULES = (
-    "hires_hf.info",
-    "hires_hf.conversion.cli",
-    "hires_hf.training.cli",
+    "hires_hf.commands.info",
+    "hires_hf.commands.convert",
+    "hires_hf.commands.train",
+    "hires_hf.commands.demo",
     "hires_hf.training.ladder_cli",
     "hires_hf.experiments.cli",
-    "hires_hf.eval.cli",
-    "hires_hf.diagnostics.cli",
-    "hires_hf.publish",
+    "hires_hf.commands.eval",
+    "hires_hf.commands.perplexity",
+    "hires_hf.commands.scaling",
+    "hires_hf.commands.inspect",
+    "hires_hf.commands.publish",
 )
 
 

@@ -1,4 +1,4 @@
-"""`hires-hf publish`: put a HiRes checkpoint on the Hub so that anyone loads it with `trust_remote_code=True`.
+"""Put a HiRes checkpoint on the Hub (`hires-hf publish`) so that anyone loads it with `trust_remote_code=True`.
 
 The folder the Hub receives is assembled from scratch, never copied: the model is loaded and saved again
 (sharded safetensors, `config.json` with `auto_map`, the model's own `configuration_hires.py` and
@@ -12,7 +12,6 @@ so the repo either holds the new folder or is left as it was.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -371,47 +370,6 @@ def publish(
         raise HiResUserError(
             f"cannot reach the Hub ({_describe(error)}); check the network or use --dry-run."
         ) from error
-
-
-# ---------------------------------------------------------------------------------------------- command line
-def run_publish(args: argparse.Namespace) -> int:
-    where = publish(
-        args.model,
-        args.repo_id,
-        private=args.private,
-        revision=args.revision,
-        commit_message=args.commit_message,
-        dry_run=args.dry_run,
-        results=args.results,
-        tokenizer=args.tokenizer,
-        license=args.license,
-        base_model=args.base_model,
-        datasets=args.dataset,
-        max_shard_size=args.max_shard_size,
-    )
-    print(f"wrote the Hub folder to {where}" if args.dry_run else f"published {args.repo_id}: {where}")
-    return 0
-
-
-def add_parsers(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "publish", help="upload a HiRes checkpoint to the Hub with a model card and remote code"
-    )
-    parser.add_argument("model", help="a saved HiRes model folder (config.json + weights + tokenizer)")
-    parser.add_argument("--repo-id", required=True, help="ORG/NAME of the Hub repo (created if needed)")
-    parser.add_argument("--private", action="store_true", help="create the repo private (an existing repo keeps its)")
-    parser.add_argument("--revision", help="branch to commit to (created if needed; default main)")
-    parser.add_argument("--commit-message", help="message of the single upload commit")
-    parser.add_argument(
-        "--dry-run", metavar="OUT", help="write the folder the Hub would receive to OUT; upload nothing"
-    )
-    parser.add_argument("--results", metavar="FILE", help="lm-eval results JSON (or its output folder) for model-index")
-    parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder, if not inside MODEL")
-    parser.add_argument("--license", help="licence id for the card (e.g. apache-2.0); default 'other'")
-    parser.add_argument("--base-model", help="Hub id of the checkpoint this was converted from (else from config)")
-    parser.add_argument("--dataset", action="append", help="Hub id of a training dataset (repeatable; else config)")
-    parser.add_argument("--max-shard-size", default=DEFAULT_SHARD_SIZE, help="largest safetensors shard (e.g. 2GB)")
-    parser.set_defaults(func=run_publish)
 
 
 __all__ = [

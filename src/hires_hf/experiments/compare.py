@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ..configuration_hires import HiResConfig
 from ..errors import HiResUserError
-from ..info import load_config
+from ..loading import load_config
 from ..io import write_json_atomic
 from ..tables import markdown_table
 from ..training.loop import pick_device

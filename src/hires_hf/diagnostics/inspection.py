@@ -1,8 +1,7 @@
-"""`hires-hf inspect`: look inside a model folder (one probe) or a training run (its diagnostics over steps)."""
+"""Look inside a model folder (one probe) or a training run (its diagnostics over steps): `hires-hf inspect`."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -12,17 +11,24 @@ from ..tables import markdown_row, markdown_table
 from .recorder import DIAGNOSTICS_FILE, read_rows
 
 
-def run_inspect(args: argparse.Namespace) -> int:
-    target = Path(args.target)
+def inspect(
+    target: str | Path, *, out: str | Path | None = None, text: str | None = None, seq_len: int = 128, batch: int = 8
+) -> int:
+    """Print the table for `target` and write its figure (and a model's numbers) to `out` (default: beside it).
+
+    `text`, `seq_len` and `batch` say what a model folder is probed on: `batch` rows of `seq_len` tokens of the
+    text file (default: held-out Python stdlib sources).
+    """
+    target = Path(target)
     # a diagnostics.jsonl, a Trainer output folder holding one, or `hires-hf train`'s OUTPUT_DIR (in checkpoints/)
     candidates = (
         [target] if target.is_file() else [target / DIAGNOSTICS_FILE, target / "checkpoints" / DIAGNOSTICS_FILE]
     )
     run_file = next((path for path in candidates if path.is_file() and path.suffix == ".jsonl"), None)
     if run_file is not None:
-        return _inspect_run(run_file, Path(args.out) if args.out else run_file.parent)
+        return _inspect_run(run_file, Path(out) if out else run_file.parent)
     if (target / "config.json").is_file():
-        return _inspect_model(target, args)
+        return _inspect_model(target, out, text, seq_len, batch)
     raise HiResUserError(
         f"{target} holds neither a {DIAGNOSTICS_FILE} (a run trained with `hires-hf train --diagnostics-every N` or"
         " with DiagnosticsCallback) nor a config.json (a model folder); pass one of those."
@@ -56,7 +62,7 @@ def run_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _inspect_model(folder: Path, args: argparse.Namespace) -> int:
+def _inspect_model(folder: Path, out: str | Path | None, text: str | None, seq_len: int, batch: int) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -66,14 +72,14 @@ def _inspect_model(folder: Path, args: argparse.Namespace) -> int:
     from .probes import attention_entropy, projection_spectra, stream_probe
 
     model = AutoModelForCausalLM.from_pretrained(folder)
-    ids = _probe_ids(folder, model.config, args.text, args.seq_len, args.batch)
+    ids = _probe_ids(folder, model.config, text, seq_len, batch)
     with torch.no_grad():
         probe = stream_probe(model, ids)
         probe["attention_entropy"] = attention_entropy(model, ids)
         probe["spectra"] = projection_spectra(model)
     print(probe_table(probe))
     # never into the model folder itself: whatever lands there would be published with the model
-    out_dir = Path(args.out) if args.out else folder.resolve().parent / f"{folder.resolve().name}-inspect"
+    out_dir = Path(out) if out else folder.resolve().parent / f"{folder.resolve().name}-inspect"
     if out_dir.resolve() == folder.resolve():
         raise HiResUserError(f"--out {out_dir} is the model folder; choose another folder for the figure.")
     figure = plot_probe(probe, out_dir / "inspect.png", title=str(folder))
@@ -139,20 +145,4 @@ def _probe_ids(folder: Path, config, text_path: str | None, seq_len: int, batch:
     return torch.tensor(ids[: rows * seq_len]).view(rows, seq_len)
 
 
-def add_parsers(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "inspect",
-        help="look inside a model folder or a training run (wide stream per block, spectra, update ratios)",
-        description="A model folder: one probe per block on held-out text (table; inspect.png and inspect.json in "
-        "MODEL_DIR-inspect/ next to it, or --out). A run folder or diagnostics.jsonl: the diagnostics over training "
-        "steps (table, diagnostics.png next to the diagnostics).",
-    )
-    parser.add_argument("target", help="a saved model folder, a run output folder, or a diagnostics.jsonl")
-    parser.add_argument("--text", help="probe text file (default: held-out Python stdlib sources)")
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--out", help="folder for the figure (default: next to the target, never inside a model)")
-    parser.set_defaults(func=run_inspect)
-
-
-__all__ = ["add_parsers", "probe_table", "run_table"]
+__all__ = ["inspect", "probe_table", "run_table"]

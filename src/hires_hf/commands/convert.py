@@ -1,11 +1,12 @@
-"""`hires-hf convert`: argument parsing and the report; the work is in `convert.py`."""
+"""`hires-hf convert`: argument parsing and the report; the work is in `hires_hf.conversion.convert`."""
 
 from __future__ import annotations
 
 import argparse
 
-from .convert import DTYPES, ConversionReport, convert
-from .keymaps import KEY_MAPS
+from ..conversion.convert import DTYPES, ConversionReport, convert
+from ..conversion.keymaps import KEY_MAPS
+from . import default
 
 
 def run_convert(args: argparse.Namespace) -> int:
@@ -61,9 +62,13 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="function-preserving HiRes (write_mode=delta, no outer norm): logits equal the source's",
     )
-    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="dtype of the written weights")
+    parser.add_argument(
+        "--dtype", default=default(convert, "dtype"), choices=["auto", *DTYPES], help="dtype of the written weights"
+    )
     parser.add_argument("--force", action="store_true", help="replace DST if it exists")
-    parser.add_argument("--max-shard-size", default="2GB", help="largest output shard (e.g. 2GB, 500MB)")
+    parser.add_argument(
+        "--max-shard-size", default=default(convert, "max_shard_size"), help="largest output shard (e.g. 2GB, 500MB)"
+    )
     parser.add_argument(
         "--max-position-embeddings", type=int, default=None, help="cap the context (e.g. to a sliding window)"
     )

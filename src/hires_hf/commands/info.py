@@ -4,25 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from .accounting import cost, hires_flops_overhead
-from .configuration_hires import PRESETS, HiResConfig
-from .loading import load_config
-from .tables import markdown_table
-
-
-def cost_table(config: HiResConfig, seq_len: int) -> str:
-    """A markdown table: params and counted FLOPs/token for HiRes and its vanilla twin."""
-    hires, vanilla = cost(config, seq_len), cost(config, seq_len, vanilla=True)
-    rows = [
-        (name, f"{c.params:,}", f"{c.forward_flops_per_token:,.0f}", f"{c.train_flops_per_token:,.0f}")
-        for name, c in [
-            ("vanilla twin", vanilla),
-            (f"HiRes (D={config.residual_size}, k={config.layers_per_block})", hires),
-        ]
-    ]
-    table = markdown_table(["model", "params", "fwd FLOPs/token", "train FLOPs/token"], rows, align="lrrr")
-    overhead = hires_flops_overhead(config, seq_len)
-    return "\n".join(table) + f"\n\nHiRes FLOPs overhead at {seq_len} tokens of context: {overhead:+.2%}"
+from ..accounting import cost_table
+from ..configuration_hires import PRESETS
+from ..loading import load_config
 
 
 def run_info(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""`hires-hf train` and `hires-hf demo`: argument parsing and error messages; the work is in trainer.py / demo.py.
+"""`hires-hf train`: argument parsing, data and tokenizer from the flags; the work is in `hires_hf.training`.
 
 Multi-process: `torchrun --nproc_per_node N -m hires_hf.cli train ...` runs DDP (gloo on CPU). transformers' native
 engine shards the model instead: `--fsdp` (FSDP2 over the N processes), `--tp T` (tensor parallelism over T of them,
@@ -9,23 +9,22 @@ docs/distributed.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from ..configuration_hires import PRESETS, HiResConfig
+from ..configuration_hires import PRESETS
 from ..diagnostics import DiagnosticsCallback
 from ..errors import HiResUserError
 from ..experiments.harness import pack_splits
-from ..info import load_config
-from .data import Corpus, PackedDataset, load_default_corpus, load_hub_dataset, load_text_files
-from .demo import DemoSettings, run_demo
-from .tokenizer import build_tokenizer, load_tokenizer, save_tokenizer, special_token_ids
-from .trainer import TrainSettings, ensure_writable, require_checkpoint, sharding_config, train_model
+from ..io import ensure_writable, staged_folder
+from ..loading import load_config, with_overrides
+from ..training.data import Corpus, PackedDataset, load_default_corpus, load_hub_dataset, load_text_files
+from ..training.tokenizer import build_tokenizer, load_tokenizer, save_tokenizer, special_token_ids
+from ..training.trainer import TrainSettings, require_checkpoint, sharding_config, train_model
+from . import default, set_threads
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -41,7 +40,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    _set_threads(args.threads)
+    set_threads(args.threads)
     if args.diagnostics_every is not None and args.diagnostics_every < 1:
         raise HiResUserError(f"--diagnostics-every must be a positive number of steps, got {args.diagnostics_every}.")
     parallel = _parallel_sizes(args, int(os.environ.get("WORLD_SIZE", "1")))
@@ -99,31 +98,7 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_demo_command(args: argparse.Namespace) -> int:
-    _set_threads(args.threads)
-    if args.budget_minutes <= 0:
-        raise HiResUserError(f"--budget-minutes must be positive, got {args.budget_minutes}.")
-    if args.preset not in PRESETS:
-        raise HiResUserError(f"Unknown preset {args.preset!r}; available: {', '.join(sorted(PRESETS))}.")
-    options: dict[str, Any] = {"preset": args.preset, "budget_minutes": args.budget_minutes, "seed": args.seed}
-    settings = DemoSettings.smoke(**options) if args.smoke else DemoSettings(**options)
-    run_demo(args.output_dir, settings)
-    return 0
-
-
 # ------------------------------------------------------------------------------------------------- helpers
-def _set_threads(threads: int | None) -> None:
-    """Tiny models run fastest on one thread when the CPU is shared (threads spin-wait on each other)."""
-    if threads:
-        torch.set_num_threads(threads)
-
-
-def with_overrides(config: HiResConfig, items: list[str]) -> HiResConfig:
-    """`config` with `--override FIELD=VALUE` items applied; fields left to their derived default follow them."""
-    fields = config.to_dict()
-    return type(config).from_dict({**fields, **_parse_overrides(items, fields)})
-
-
 def _parallel_sizes(args: argparse.Namespace, world: int) -> dict[str, int | None]:
     """fsdp_size / tp_size / ep_size for TrainSettings from --fsdp, --tp, --ep and the number of processes."""
     tp, ep = args.tp or 1, args.ep or 1
@@ -142,21 +117,6 @@ def _parallel_sizes(args: argparse.Namespace, world: int) -> dict[str, int | Non
     sizes["ep_size"] = ep if ep > 1 else None
     sharding_config(**sizes)  # what the engine or the Trainer cannot do fails now, before any data is read
     return sizes
-
-
-def _parse_overrides(items: list[str], fields: dict[str, Any]) -> dict[str, Any]:
-    overrides = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or key not in fields:
-            raise HiResUserError(
-                f"--override {item!r}: expected FIELD=VALUE naming a config field (e.g. vocab_size=1024)."
-            )
-        try:
-            overrides[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            overrides[key] = raw  # a bare string such as write_mode=delta
-    return overrides
 
 
 def _load_corpus(args: argparse.Namespace) -> Corpus:
@@ -181,11 +141,8 @@ def _tokenizer_for(args: argparse.Namespace, config, corpus: Corpus, output_dir:
     vocab_size = args.vocab_size or config.vocab_size
     if _rank() == 0:
         tokenizer = build_tokenizer(corpus.train, vocab_size=vocab_size, sample_chars=args.tokenizer_sample_chars)
-        staging = folder.with_name("tokenizer.tmp")
-        save_tokenizer(tokenizer, staging, config.max_position_embeddings)
-        if folder.exists():
-            shutil.rmtree(folder)
-        staging.rename(folder)
+        with staged_folder(folder) as staging:
+            save_tokenizer(tokenizer, staging, config.max_position_embeddings)
     _barrier()
     return load_tokenizer(folder)
 
@@ -215,26 +172,40 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     data.add_argument("--validation-data", nargs="+", help="validation files (default: a hashed split of --data)")
     data.add_argument("--dataset", help="a `datasets` name (needs the network and the datasets package)")
     data.add_argument("--dataset-config", help="the dataset's configuration name")
-    data.add_argument("--text-field", default="text", help="column holding the text (jsonl and datasets)")
+    data.add_argument(
+        "--text-field",
+        default=default(load_hub_dataset, "text_field"),
+        help="column holding the text (jsonl and datasets)",
+    )
     data.add_argument("--max-chars", type=int, help="read at most this many characters of text")
     data.add_argument("--block-size", type=int, default=128, help="tokens per packed training block")
     data.add_argument("--eval-blocks", type=int, default=128, help="validation blocks used per evaluation")
     tok = train.add_argument_group("tokenizer")
     tok.add_argument("--tokenizer", help="an existing tokenizer folder (default: train a byte-level BPE)")
     tok.add_argument("--vocab-size", type=int, help="BPE vocabulary size (default: the model's vocab_size)")
-    tok.add_argument("--tokenizer-sample-chars", type=int, default=2_000_000, help="text the BPE is trained on")
+    tok.add_argument(
+        "--tokenizer-sample-chars",
+        type=int,
+        default=default(build_tokenizer, "sample_chars"),
+        help="text the BPE is trained on",
+    )
     opt = train.add_argument_group("optimisation")
     opt.add_argument("--max-steps", type=int, default=1000)
     opt.add_argument("--max-minutes", type=float, help="stop (and evaluate) after this much wall clock")
     opt.add_argument("--batch-size", type=int, default=16, help="blocks per device per step")
-    opt.add_argument("--grad-accum", type=int, default=1)
-    opt.add_argument("--lr", type=float, default=1e-3)
+    opt.add_argument("--grad-accum", type=int, default=default(TrainSettings, "gradient_accumulation_steps"))
+    opt.add_argument("--lr", type=float, default=default(TrainSettings, "learning_rate"))
     opt.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default 5%% of --max-steps)")
-    opt.add_argument("--weight-decay", type=float, default=0.1)
+    opt.add_argument("--weight-decay", type=float, default=default(TrainSettings, "weight_decay"))
     opt.add_argument("--eval-steps", type=int, help="evaluate every N steps (default: 10 evaluations)")
-    opt.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: none)")
+    opt.add_argument(
+        "--save-steps",
+        type=int,
+        default=default(TrainSettings, "save_steps"),
+        help="checkpoint every N steps (0: none)",
+    )
     opt.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
-    opt.add_argument("--seed", type=int, default=0)
+    opt.add_argument("--seed", type=int, default=default(TrainSettings, "seed"))
     opt.add_argument(
         "--diagnostics-every",
         type=int,
@@ -252,16 +223,3 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     hw.add_argument("--threads", type=int, help="torch CPU threads")
     train.add_argument("--output-dir", default="runs/train", help="checkpoints/, model/, train_result.json")
     train.set_defaults(func=run_train)
-
-    demo = subparsers.add_parser(
-        "demo", help="train a tiny HiRes, the control (the baseline) and the plain twin at equal counted FLOPs"
-    )
-    demo.add_argument("--budget-minutes", type=float, default=5.0, help="wall clock for the whole demo")
-    demo.add_argument("--smoke", action="store_true", help="a seconds-long run (tiny data and steps) for tests")
-    demo.add_argument("--preset", default="tiny", help=f"HiRes preset ({presets})")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--threads", type=int, help="torch CPU threads (default: every core)")
-    demo.add_argument(
-        "--output-dir", default="runs/demo", help="table.md, loss_vs_flops.png, control/, hires/, plain-twin/"
-    )
-    demo.set_defaults(func=run_demo_command)

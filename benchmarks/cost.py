@@ -312,7 +312,7 @@ def measure_saved_tensors(run: Callable[[], Any], model: nn.Module) -> tuple[int
 
 
 def _kind_name(qualified: str) -> str:
-    """'model.blocks.1.layers.0.self_attn.q_proj' -> 'self_attn.q_proj': what kind of module, not which one."""
+    """'model.layers.2.self_attn.q_proj' -> 'self_attn.q_proj': what kind of module, not which one."""
     parts = [part for part in qualified.split(".") if part and not part.isdigit()]
     keep = [p for p in parts if p not in ("model", "blocks", "layers")]
     return ".".join(keep[-2:]) if keep else "(top level: loss, logits)"

@@ -10,7 +10,7 @@ from transformers import AutoConfig, OlmoeConfig
 from hires_hf import PRESETS, HiResConfig, HiResForCausalLM
 from hires_hf.accounting import count_parameters
 from hires_hf.configuration_hires import WRITE_BASE_WIDTH
-from hires_hf.loading import with_overrides
+from hires_hf.training.cli import with_overrides
 from hires_hf.twins import vanilla_config
 
 # (overrides on the tiny preset, the field the error must name, a fragment of what is allowed)
@@ -70,10 +70,12 @@ def test_presets_build_a_model_whose_blocks_hold_every_layer(name: str) -> None:
     config = HiResConfig.from_preset(name)
     with torch.device("meta"):
         model = HiResForCausalLM(config)
-    blocks = model.model.blocks
-    assert len(blocks) == config.num_blocks and {len(block.layers) for block in blocks} == {config.layers_per_block}
-    indices = [layer.self_attn.layer_idx for block in blocks for layer in block.layers]
-    assert indices == list(range(config.num_hidden_layers))  # the KV cache's global layer index
+    blocks, layers = model.model.blocks, model.model.layers
+    assert len(blocks) == config.num_blocks and len(layers) == config.num_hidden_layers
+    runs = [index for block in blocks for index in block.layer_range]
+    assert runs == list(range(config.num_hidden_layers))  # block b runs layers b*k .. b*k+k-1, each once
+    assert {len(block.layer_range) for block in blocks} == {config.layers_per_block}
+    assert [layer.self_attn.layer_idx for layer in layers] == runs  # the KV cache's index is the layer's own
     assert sum(param.numel() for param in model.parameters()) == count_parameters(config)
 
 

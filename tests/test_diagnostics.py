@@ -39,7 +39,8 @@ def test_shared_fraction_is_one_for_identical_tokens_and_zero_for_centred_ones()
         ("model.blocks.1.write_proj.weight", "write"),
         ("model.blocks.0.outer_norm.weight", "outer_norm"),
         ("model.read_out.weight", "read_out"),
-        ("model.blocks.0.layers.1.self_attn.q_proj.weight", "attn"),
+        ("model.blocks.0.write_norm.weight", "norm"),
+        ("model.layers.1.self_attn.q_proj.weight", "attn"),
         ("model.layers.3.mlp.down_proj.weight", "mlp"),
         ("model.layers.3.input_layernorm.weight", "norm"),
         ("lm_head.weight", "head"),
@@ -64,9 +65,8 @@ def test_probe_measures_each_block_of_hires_and_each_layer_of_its_twin():
 def test_attention_entropy_is_uniform_at_initialisation_and_leaves_the_backend_as_it_was():
     model = AutoModelForCausalLM.from_config(HiResConfig.from_preset("tiny"), attn_implementation="sdpa")
     with torch.no_grad():  # zero queries and keys: every query attends uniformly to its context
-        for block in model.model.blocks:
-            for layer in block.layers:
-                layer.self_attn.q_proj.weight.zero_()
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.zero_()
     entropy = attention_entropy(model, torch.randint(0, 512, (2, 16)))
     assert entropy == pytest.approx([1.0] * 4, abs=1e-4)
     assert model.config._attn_implementation == "sdpa"

@@ -202,6 +202,16 @@ def test_all_linear_targets_hires_projections_but_not_the_head(preset: str) -> N
     assert lora_targets(model) == layer_linears
 
 
+def test_layers_to_transform_picks_layers_by_their_global_index_as_on_llama() -> None:
+    """The layers are one flat `model.layers` list, so PEFT's layer selection means what it means on Llama."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=2, target_modules=["q_proj", "v_proj"], layers_to_transform=[0, 3])
+    model = get_peft_model(HiResForCausalLM(tiny_config("tiny")), config)
+    adapted = {name.split(".self_attn")[0] for name, _ in model.named_parameters() if "lora_A" in name}
+    assert adapted == {"base_model.model.model.layers.0", "base_model.model.model.layers.3"}
+
+
 # ---------------------------------------------------------------------------------------------- TRL
 
 
@@ -399,7 +409,7 @@ def names_of(preset: str) -> set[str]:
     return {name for name, _ in model.named_modules()} | {name for name, _ in model.named_parameters()}
 
 
-PLANS = ["base_model_tp_plan", "base_model_pp_plan", "base_model_fsdp_plan", "base_model_ep_plan"]
+PLANS = ["base_model_tp_plan", "base_model_fsdp_plan", "base_model_ep_plan"]
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -416,20 +426,19 @@ def test_tp_plan_covers_every_layer_projection(preset: str) -> None:
     """No attention or MLP projection falls through to 'replicate' for want of a plan key."""
     model = HiResModel(tiny_config(preset))
     projections = [
-        name for name, module in model.named_modules() if ".layers." in name and isinstance(module, nn.Linear)
+        name for name, module in model.named_modules() if name.startswith("layers.") and isinstance(module, nn.Linear)
     ]
     assert projections
     plan = tiny_config(preset).base_model_tp_plan
     assert [name for name in projections if not any(plan_key_matches(key, name) for key in plan)] == []
 
 
-def test_pp_plan_is_the_forward_order_with_one_module_list() -> None:
-    """vLLM splits the one ModuleList of the pp plan across ranks and keeps the rest on the first/last rank."""
+def test_there_is_no_pipeline_plan_to_split_interleaved_blocks_by() -> None:
+    """Pipeline stages run in order; HiRes blocks interleave with the layers they run, so no plan is declared (and
+    vLLM, inferring one, refuses a base model with two ModuleLists)."""
     model = HiResModel(tiny_config("tiny"))
-    keys = list(HiResConfig.base_model_pp_plan)
-    children = [name for name, child in model.named_children() if any(True for _ in child.parameters())]
-    assert keys == children
-    assert [key for key in keys if isinstance(getattr(model, key), nn.ModuleList)] == ["blocks"]
+    assert HiResConfig.base_model_pp_plan is None and not model.supports_pp_plan
+    assert [name for name, child in model.named_children() if isinstance(child, nn.ModuleList)] == ["layers", "blocks"]
 
 
 def test_config_names_the_embedding_width_vllm_reads() -> None:

@@ -104,3 +104,32 @@ def test_remote_code_loads_without_the_package(preset: str, tmp_path: Path) -> N
     assert result.returncode == 0, result.stderr[-3000:]
     got = load_file(str(tmp_path / "logits.safetensors"))["logits"]
     assert torch.equal(got, expected) if preset == "tiny" else (got - expected).abs().max() < 1e-5
+
+
+def test_a_folder_with_the_old_nested_layer_names_is_refused_then_renamed(tmp_path: Path) -> None:
+    """hires-hf 0.1 saved layer i of block b as model.blocks.{b}.layers.{i}: from_pretrained refuses such a folder
+    in one line naming the rename command (it would otherwise load with random layers); after it, the folder loads
+    with every tensor in place."""
+    from hires_hf.conversion.legacy import main as rename_main
+
+    model = tiny_hires()
+    model.save_pretrained(tmp_path)
+    k = model.config.layers_per_block
+    state = load_file(str(tmp_path / "model.safetensors"))
+
+    def nested(name: str) -> str:
+        if not name.startswith("model.layers."):
+            return name
+        layer, rest = name.removeprefix("model.layers.").split(".", 1)
+        return f"model.blocks.{int(layer) // k}.layers.{int(layer) % k}.{rest}"
+
+    save_file({nested(name): tensor for name, tensor in state.items()}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(
+        ValueError, match=r"old nested layer names \(model\.blocks\.0\.layers\.0\..*hires_hf\.conversion\.legacy"
+    ):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert rename_main([str(tmp_path)]) == 0
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    for name, tensor in reloaded.state_dict().items():
+        assert torch.equal(tensor, model.state_dict()[name]), name
+    assert rename_main([str(tmp_path / "missing")]) == 2

@@ -81,16 +81,13 @@ def exact_hires_config(vanilla: PreTrainedModel, residual_size: int, layers_per_
 
 
 def hires_from_vanilla(vanilla: PreTrainedModel, residual_size: int, layers_per_block: int = 2) -> HiResForCausalLM:
-    """Copy a Llama / OLMoE into the function-preserving HiRes (layer l -> block l // k, slot l % k)."""
+    """Copy a Llama / OLMoE into the function-preserving HiRes (the layers keep their names; layer l runs in block
+    l // k)."""
     config = exact_hires_config(vanilla, residual_size, layers_per_block)
     hires = HiResForCausalLM(config).eval()
-    k = layers_per_block
     state = {}
     for key, value in vanilla.state_dict().items():
-        if key.startswith("model.layers."):
-            layer, suffix = key.removeprefix("model.layers.").split(".", 1)
-            key = f"model.blocks.{int(layer) // k}.layers.{int(layer) % k}.{suffix}"
-        elif key == "model.embed_tokens.weight":
+        if key == "model.embed_tokens.weight":
             value = torch.nn.functional.pad(value, (0, residual_size - value.shape[1]))  # zero columns d..D
         state[key] = value
     missing, unexpected = hires.load_state_dict(state, strict=False)

@@ -44,8 +44,6 @@ again whenever one of them is assigned, and again when a dict or config.json is 
 This file imports nothing of ours so that it ships unchanged as Hub remote code.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from typing import Any
 
@@ -104,29 +102,25 @@ class HiResConfig(PreTrainedConfig):
     """
 
     model_type = "hires"
-    keys_to_ignore_at_inference = ["cache"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]  # the output's cache field: 5.24+, before 5.24
     # `embedding_size` is what vLLM (and other tools) read for the embedding width: here it is D, not d.
     attribute_map = {"num_local_experts": "num_experts", "embedding_size": "residual_size"}
 
-    # Module names are the real ones of modeling_hires.py: layers live inside blocks. The tensor- and
-    # expert-parallel plans depend on the variant (dense or MoE, which q/k norm): `base_model_tp_plan` and
-    # `base_model_ep_plan` are properties, below, so that a plan never names a module the model lacks.
-    # FSDP2 gathers one unit at a time: a decoder layer, then its block's own read / write / norms (not a whole
-    # block, which for OLMoE-1B-7B would be four 420M-parameter MoE layers at once).
+    # Module names are the real ones of modeling_hires.py: the decoder layers are Llama's `layers.{l}`, and
+    # `blocks.{b}` holds only each block's read / write / norms. The tensor- and expert-parallel plans depend on
+    # the variant (dense or MoE, which q/k norm): `base_model_tp_plan` and `base_model_ep_plan` are properties,
+    # below, so that a plan never names a module the model lacks.
+    # FSDP2 gathers one unit at a time: a decoder layer, or one block's own read / write / norms.
     base_model_fsdp_plan = {
         "embed_tokens": "free_full_weight",
-        "blocks.*.layers.*": "free_full_weight",
+        "layers.*": "free_full_weight",
         "blocks.*": "free_full_weight",
         "read_out": "keep_full_weight",
         "norm": "keep_full_weight",
     }
-    # A pipeline stage boundary can only fall between blocks: the wide stream `r` is what crosses it.
-    base_model_pp_plan = {
-        "embed_tokens": (["input_ids"], ["inputs_embeds"]),
-        "blocks": (["hidden_states", "attention_mask"], ["hidden_states"]),
-        "read_out": (["hidden_states"], ["hidden_states"]),
-        "norm": (["hidden_states"], ["hidden_states"]),
-    }
+    # No pipeline plan: stages run in order, and HiRes interleaves its blocks with the layers they run (the
+    # model refuses pp_size > 1 in `prepare_distribute_model`; vLLM refuses two ModuleLists itself).
+    base_model_pp_plan = None
 
     # --- the usual decoder fields (Llama / OLMoE names) ---
     vocab_size: int = 32000
@@ -224,7 +218,7 @@ class HiResConfig(PreTrainedConfig):
         sum). The read, write and read-out projections and every norm are replicated: sharding them would add a
         collective per projection for a few percent of the weights (docs/distributed.md gives the numbers).
         """
-        layer = "blocks.*.layers.*"
+        layer = "layers.*"
         attention = [f"{layer}.self_attn.{name}" for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
         if self.qk_norm == "full":
             # OLMoE: one norm over all heads needs q and k whole on every rank; gather them, split o_proj's input
@@ -246,13 +240,23 @@ class HiResConfig(PreTrainedConfig):
             plan |= {f"{layer}.mlp.down_proj": "rowwise"}
         return {"embed_tokens": "embedding_rowwise", **plan}
 
+    @base_model_tp_plan.setter
+    def base_model_tp_plan(self, plan: dict[str, str]) -> None:
+        """transformers 5.16-5.23 re-assign the plan of a tied-embedding config with `embed_tokens` split by rows,
+        which the derived plan already says: accepted when it changes nothing, refused otherwise."""
+        if plan != self.base_model_tp_plan:
+            raise AttributeError(
+                "HiResConfig.base_model_tp_plan is derived from the config (dense or MoE, qk_norm); to shard "
+                "differently pass tp_plan={...} to from_pretrained or DistributedConfig (docs/distributed.md)."
+            )
+
     @property
     def base_model_ep_plan(self) -> dict[str, str]:
         """Expert parallelism: whole experts per rank, tokens dispatched to them (empty for a dense model, so that
         `ep_size > 1` on one is refused by transformers instead of silently ignored)."""
         if self.num_experts == 0:
             return {}
-        experts = "blocks.*.layers.*.mlp.experts"
+        experts = "layers.*.mlp.experts"
         return {
             f"{experts}.gate_up_proj": "grouped_gemm",
             f"{experts}.down_proj": "grouped_gemm",
@@ -365,7 +369,7 @@ class HiResConfig(PreTrainedConfig):
 
     # ------------------------------------------------------------------ presets
     @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> HiResConfig:
+    def from_preset(cls, name: str, **overrides: Any) -> "HiResConfig":
         """A named shape from `PRESETS`, with any field overridden by keyword."""
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}. Available presets: {', '.join(sorted(PRESETS))}.")

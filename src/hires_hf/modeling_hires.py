@@ -4,7 +4,9 @@ Where HiRes departs from Llama / OLMoE (everything else is the vanilla layer, un
 
 - the token embedding is `residual_size` (D) wide, not `hidden_size` (d), and multiplied by
   `embedding_multiplier` so that tokens enter the wide stream at the scale the outer norms hold it at;
-- layers are grouped into `HiResBlock`s of `layers_per_block` (k) ordinary d-wide PreNorm layers;
+- the ordinary d-wide PreNorm layers (`model.layers.{l}`, Llama's names) run in groups of `layers_per_block` (k),
+  one `HiResBlock` (`model.blocks.{b}`) a group: the block holds only its own read / write / norms and the range
+  of layers it runs, so that every module name holds at most one index (vLLM keys a layer's KV cache by it);
 - each block reads its input from the wide stream (`read_proj`, D -> d), writes its output back
   (`write_proj`, d -> D, times `write_multiplier`) through an RMSNorm (`write_norm`) and closes with a PostNorm
   over D (`outer_norm`): r <- Norm(skip_scale * r + write_multiplier * Write(Norm(h)));
@@ -15,13 +17,17 @@ layer, so a Llama / OLMoE checkpoint converts into an equivalent HiRes model: wi
 `residual_size == hidden_size`, identity read / write / read-out, `write_mode="delta"` and `outer_norm=False`,
 each block computes r <- r + (h_k - h_0) = h_k, the vanilla stack exactly.
 
-This file imports only transformers and its sibling config: it ships unchanged as Hub remote code.
+This file imports only transformers and its sibling config: it ships unchanged as Hub remote code, and runs on
+every transformers from 5.16.1 (the oldest vLLM 0.32 accepts) to the newest.
 """
 
-from __future__ import annotations
-
+import inspect
+import json
+import os
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import wraps
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +49,27 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_hires import HiResConfig
+
+# transformers 5.24 renamed the KV cache `past_key_values` -> `cache`: the argument of `create_causal_mask` and of
+# every forward, and the field of the output classes. 5.16-5.23 (what vLLM 0.32 installs) know only the old name.
+# Read once here, so that the same file runs on both sides of the rename.
+_MASK_CACHE = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+_OUTPUT_CACHE = "cache" if "cache" in {f.name for f in fields(MoeModelOutputWithPast)} else "past_key_values"
+
+if _OUTPUT_CACHE == "cache":
+    accepts_past_key_values = deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+else:
+
+    def accepts_past_key_values(forward: Callable) -> Callable:
+        """Before 5.24, transformers (`generate` included) passes the cache as `past_key_values`: take it as `cache`."""
+
+        @wraps(forward)
+        def wrapped(*args, **kwargs):
+            if "past_key_values" in kwargs:
+                kwargs["cache"] = kwargs.pop("past_key_values")
+            return forward(*args, **kwargs)
+
+        return wrapped
 
 
 class HiResRMSNorm(nn.Module):
@@ -170,7 +197,7 @@ class HiResAttention(nn.Module):
             self.q_norm = HiResRMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = HiResRMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @accepts_past_key_values
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -303,7 +330,7 @@ class HiResDecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = HiResRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = HiResRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @accepts_past_key_values
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -366,8 +393,11 @@ class HiResScaledEmbedding(nn.Embedding):
 
 
 class HiResBlock(nn.Module):
-    """k vanilla layers between a read from and a write into the D-wide stream, closed by a PostNorm over D.
+    """Runs its k layers (`layer_range`, indices into `HiResModel.layers`) between a read from and a write into the
+    D-wide stream, closed by a PostNorm over D.
 
+    The layers themselves live in the model's flat `layers` list, as Llama's do: the block holds only what is its
+    own (read, write, their norms), so that no module name holds two indices.
     With the outer norm on, the write reads its input through `write_norm`: every projection then reads a
     normalised vector, as every matrix of a PreNorm layer does, instead of the raw inner stream whose scale
     drifts during training."""
@@ -375,21 +405,22 @@ class HiResBlock(nn.Module):
     def __init__(self, config: HiResConfig, block_idx: int) -> None:
         super().__init__()
         d, wide, k = config.hidden_size, config.residual_size, config.layers_per_block
+        self.layer_range = range(block_idx * k, (block_idx + 1) * k)
         self.write_delta = config.write_mode == "delta"
         self.read_proj = HiResProjection(wide, d)
-        self.layers = nn.ModuleList(HiResDecoderLayer(config, block_idx * k + i) for i in range(k))
         self.write_norm = HiResRMSNorm(d, eps=config.rms_norm_eps) if config.write_norm else None
         self.write_multiplier = config.write_multiplier
         self.write_proj = HiResProjection(d, wide, output_multiplier=config.write_multiplier)
         self.outer_norm = HiResRMSNorm(wide, eps=config.rms_norm_eps) if config.outer_norm else None
         self.skip_scale = config.skip_scale
 
-    def forward(self, residual: torch.Tensor, **layer_kwargs) -> torch.Tensor:
-        """(B, T, D) -> (B, T, D)."""
+    def forward(self, residual: torch.Tensor, layers: nn.ModuleList, **layer_kwargs) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D), running `layers[i]` for i in `layer_range` on the d-wide inner stream."""
         h0 = self.read_proj(residual)  # (B, T, d)
         hidden = h0
-        for layer in self.layers:
-            hidden = layer(hidden, **layer_kwargs)  # positional: gradient checkpointing needs it so
+        for index in self.layer_range:
+            hidden = layers[index](hidden, **layer_kwargs)  # positional: gradient checkpointing needs it so
+        hidden = hidden.to(h0.device)  # a device map may have put the last layer elsewhere
         written = hidden - h0 if self.write_delta else hidden
         if self.write_norm is not None:  # the inner stream's scale drifts; the write must not inherit it
             written = self.write_norm(written)
@@ -405,9 +436,10 @@ class HiResPreTrainedModel(PreTrainedModel):
     config_class = HiResConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    # A block stays on one device: its read and write must see the same stream.
-    _no_split_modules = ["HiResBlock"]
-    _skip_keys_device_placement = ["cache"]
+    # Units a device map keeps whole (a block's read, write and norms; a layer): the block moves its last layer's
+    # output to its own device itself.
+    _no_split_modules = ["HiResDecoderLayer", "HiResBlock"]
+    _skip_keys_device_placement = [_OUTPUT_CACHE]
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_flex_attn = True
@@ -425,7 +457,8 @@ class HiResPreTrainedModel(PreTrainedModel):
         """Refuse pipeline parallelism before any device mesh is built.
 
         transformers' pipeline runtime splits `base_model.layers` and passes `hidden_size`-wide activations between
-        stages; a HiRes stage boundary falls between blocks, where the stream is `residual_size` wide.
+        stages; HiRes interleaves those layers with its blocks, and what crosses a block boundary is the
+        `residual_size`-wide stream.
         """
         pp_size = (
             distributed_config.get("pp_size")
@@ -439,6 +472,19 @@ class HiResPreTrainedModel(PreTrainedModel):
                 "parallelism (ep_size) instead."
             )
         return super().prepare_distribute_model(distributed_config, device_map=device_map)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' `from_pretrained`, refusing (in one line) a local folder saved with the nested layer names
+        of hires-hf 0.1, which would otherwise load with every layer left at its random init."""
+        legacy = _nested_layer_key(pretrained_model_name_or_path)
+        if legacy is not None:
+            raise ValueError(
+                f"{pretrained_model_name_or_path} holds weights saved with HiRes's old nested layer names "
+                f"({legacy}: layers inside blocks, hires-hf 0.1); layers now live at model.layers.{{l}}: rename them "
+                f"with `python -m hires_hf.conversion.legacy {pretrained_model_name_or_path}` (pip install hires-hf)."
+            )
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -460,8 +506,30 @@ class HiResPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=std / module.output_multiplier)  # the map starts at std
 
 
+NESTED_LAYER_KEY = re.compile(r"(^|\.)blocks\.\d+\.layers\.\d+\.")  # hires-hf 0.1: model.blocks.{b}.layers.{i}.
+
+
+def _nested_layer_key(folder: str | os.PathLike) -> str | None:
+    """The first weight name of a local model folder in hires-hf 0.1's nested layout, else None (read from the
+    safetensors index or the single file's header: no tensor is loaded)."""
+    if not os.path.isdir(folder):
+        return None
+    index = os.path.join(folder, "model.safetensors.index.json")
+    single = os.path.join(folder, "model.safetensors")
+    if os.path.isfile(index):
+        with open(index) as handle:
+            names = list(json.load(handle).get("weight_map", {}))
+    elif os.path.isfile(single):
+        with open(single, "rb") as handle:  # safetensors: 8-byte little-endian header length, then a JSON header
+            names = list(json.loads(handle.read(int.from_bytes(handle.read(8), "little"))))
+    else:
+        return None
+    return next((name for name in names if NESTED_LAYER_KEY.search(name)), None)
+
+
 class HiResModel(HiResPreTrainedModel):
-    """Embedding (V x D) -> blocks on the D-wide stream -> read-out (D -> d) -> final RMSNorm over d."""
+    """Embedding (V x D) -> blocks on the D-wide stream, block b running layers b*k .. b*k+k-1 -> read-out (D -> d)
+    -> final RMSNorm over d."""
 
     def __init__(self, config: HiResConfig) -> None:
         super().__init__(config)
@@ -470,14 +538,15 @@ class HiResModel(HiResPreTrainedModel):
         self.embed_tokens = HiResScaledEmbedding(
             config.vocab_size, config.residual_size, self.padding_idx, config.embedding_multiplier
         )
-        self.blocks = nn.ModuleList(HiResBlock(config, b) for b in range(config.num_blocks))
+        self.layers = nn.ModuleList(HiResDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.blocks = nn.ModuleList(HiResBlock(config, b) for b in range(config.num_blocks))  # each runs k layers
         self.read_out = HiResProjection(config.residual_size, config.hidden_size)
         self.norm = HiResRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = HiResRotaryEmbedding(config)
         self.gradient_checkpointing = False
         self.post_init()
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @accepts_past_key_values
     @merge_with_config_defaults
     @capture_outputs
     def forward(
@@ -506,8 +575,8 @@ class HiResModel(HiResPreTrainedModel):
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
-            cache=cache,
             position_ids=position_ids,
+            **{_MASK_CACHE: cache},
         )
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids=position_ids)
 
@@ -515,6 +584,7 @@ class HiResModel(HiResPreTrainedModel):
         for block in self.blocks:
             residual = block(
                 residual,
+                self.layers,
                 attention_mask=causal_mask,
                 position_embeddings=position_embeddings,
                 position_ids=position_ids,
@@ -523,7 +593,7 @@ class HiResModel(HiResPreTrainedModel):
                 **kwargs,
             )
         hidden_states = self.norm(self.read_out(residual))  # (B, T, d)
-        return MoeModelOutputWithPast(last_hidden_state=hidden_states, cache=cache)
+        return MoeModelOutputWithPast(last_hidden_state=hidden_states, **{_OUTPUT_CACHE: cache})
 
 
 def load_balancing_loss(
@@ -569,7 +639,6 @@ class HiResCausalLMOutputWithPast(MoeCausalLMOutputWithPast):
 class HiResForCausalLM(HiResPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}
-    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
     _fsdp_plan = {"lm_head": "keep_full_weight"}
 
     def __init__(self, config: HiResConfig) -> None:
@@ -579,7 +648,7 @@ class HiResForCausalLM(HiResPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # V x d, as vanilla
         self.post_init()
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @accepts_past_key_values
     @can_return_tuple
     def forward(
         self,
@@ -630,10 +699,10 @@ class HiResForCausalLM(HiResPreTrainedModel, GenerationMixin):
             aux_loss=aux_loss,
             z_loss=z_loss,
             logits=logits,
-            cache=outputs.cache,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             router_logits=outputs.router_logits,
+            **{_OUTPUT_CACHE: getattr(outputs, _OUTPUT_CACHE)},
         )
 
 

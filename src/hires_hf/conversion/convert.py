@@ -331,13 +331,12 @@ def target_shapes(config: HiResConfig) -> dict[str, tuple[int, ...]]:
 def plan(rules: tuple[Rule, ...], config: HiResConfig, checkpoint: SourceCheckpoint, source_tied: bool) -> list[Step]:
     """Expand the rules over blocks, layers and experts; every target covered, every source tensor used."""
     shapes = target_shapes(config)
-    k, experts = config.layers_per_block, max(config.num_experts, 1)
+    experts = max(config.num_experts, 1)
     steps: dict[str, Step] = {}
     for rule in rules:
         if rule.only_if_source_tied and not source_tied:
             continue
-        for block, inner in _positions(rule.target, config):
-            names = dict(block=block, inner=inner, layer=block * k + inner)
+        for names in _positions(rule.target, config):
             target = rule.target.format(**names)
             if target not in shapes or target in steps:
                 continue
@@ -353,14 +352,14 @@ def plan(rules: tuple[Rule, ...], config: HiResConfig, checkpoint: SourceCheckpo
     return sorted(steps.values(), key=lambda s: min((checkpoint.file_rank(k) for k in s.source_keys), default=-1))
 
 
-def _positions(template: str, config: HiResConfig) -> Iterator[tuple[int, int]]:
-    if "{block}" not in template:
-        yield 0, 0
-        return
-    inners = range(config.layers_per_block) if "{inner}" in template else [0]
-    for block in range(config.num_blocks):
-        for inner in inners:
-            yield block, inner
+def _positions(template: str, config: HiResConfig) -> Iterator[dict[str, int]]:
+    """The placeholder values a target template expands over: every layer, every block, or once."""
+    if "{layer}" in template:
+        yield from (dict(layer=layer) for layer in range(config.num_hidden_layers))
+    elif "{block}" in template:
+        yield from (dict(block=block) for block in range(config.num_blocks))
+    else:
+        yield {}
 
 
 def _require_complete(shapes: dict[str, tuple[int, ...]], steps: dict[str, Step], checkpoint: SourceCheckpoint) -> None:

@@ -1,9 +1,10 @@
 """Conversion as data: where each HiRes tensor comes from in a vanilla checkpoint, per source family.
 
-A `Rule` names one HiRes key (placeholders `{block}`, `{inner}`), the source keys it is built from (placeholders
-`{layer}`, `{expert}`) and the named transform that builds it. Source layer `l` becomes inner layer `l % k` of
-block `l // k`; the suffix after the layer prefix never changes. Several rules may target one key: the first whose
-sources all exist in the checkpoint wins (e.g. OLMoE experts saved one by one, or already fused in 3D).
+A `Rule` names one HiRes key (placeholders `{layer}`, `{block}`), the source keys it is built from (placeholders
+`{layer}`, `{expert}`) and the named transform that builds it. HiRes layers carry the vanilla names
+(`model.layers.{layer}.*`, the same index): only the blocks' own tensors and the wide embedding are new. Several
+rules may target one key: the first whose sources all exist in the checkpoint wins (e.g. OLMoE experts saved one
+by one, or already fused in 3D).
 
 Rules whose target the HiRes config does not have (a bias the config turns off, q/k norms of a family without
 them) are skipped, so one family map serves every variant of the family; a source tensor no rule reads is an
@@ -15,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SRC_LAYER = "model.layers.{layer}."
-HIRES_LAYER = "model.blocks.{block}.layers.{inner}."
-HIRES_BLOCK = "model.blocks.{block}."
+HIRES_LAYER = SRC_LAYER  # the layers keep their place and name
+HIRES_BLOCK = "model.blocks.{block}."  # a block's own read / write / norms
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Rule:
 
 
 def _layer_rules(suffixes: tuple[str, ...]) -> tuple[Rule, ...]:
-    """Renames that only move a layer tensor into its block (`model.layers.{layer}.S` -> `...layers.{inner}.S`)."""
+    """Tensors copied under their own name (`model.layers.{layer}.S`)."""
     return tuple(Rule(HIRES_LAYER + suffix, (SRC_LAYER + suffix,)) for suffix in suffixes)
 
 

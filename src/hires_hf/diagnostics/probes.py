@@ -61,11 +61,8 @@ def _blocks(model: nn.Module) -> list[nn.Module] | None:
 
 
 def _layers(model: nn.Module) -> list[nn.Module]:
-    base = getattr(model, "model", model)
-    blocks = _blocks(model)
-    if blocks is not None:
-        return [layer for block in blocks for layer in block.layers]
-    return list(base.layers)
+    """The decoder layers, in order: `model.layers` for HiRes (flat, as Llama's) and vanilla models alike."""
+    return list(getattr(model, "model", model).layers)
 
 
 @torch.no_grad()
@@ -85,9 +82,10 @@ def stream_probe(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
     hooks = []
     blocks = _blocks(model)
     if blocks is not None:
+        layers = _layers(model)
         for index, block in enumerate(blocks):
             hooks.append(block.register_forward_pre_hook(_block_input_hook(records, index, attention_mask)))
-            hooks.append(block.layers[-1].register_forward_hook(_inner_hook(records)))
+            hooks.append(layers[block.layer_range[-1]].register_forward_hook(_inner_hook(records)))
             multiplier = getattr(block, "write_multiplier", 1.0)
             hooks.append(block.write_proj.register_forward_hook(_write_hook(records, multiplier, attention_mask)))
     else:

@@ -21,7 +21,7 @@ a PNG of validation loss against steps per learning rate. Result files written b
     python benchmarks/stability.py                 # CPU: d=128, L=16, k=4 (4 blocks); ~20 minutes on 2 cores
     python benchmarks/stability.py --preset d192   # the d=192 CPU reproduction of the stall: 32 x 128 batches; ~60 min
     python benchmarks/stability.py --seed 1        # the CPU grid again with other weights and batches
-    python benchmarks/stability.py --width 64      # the CPU grid at another width (write multiplier 128/d)
+    python benchmarks/stability.py --width 64      # the CPU grid at another width (write multiplier 64/d)
     python benchmarks/stability.py --extend --lrs 8e-3   # add cells to a grid already written (same options)
     python benchmarks/stability.py --preset gpu    # one GPU: d=512, L=16, 12M vanilla tokens a run
     python benchmarks/stability.py --map           # where the old default stalls: width, blocks, batch, dtype
@@ -82,9 +82,10 @@ BASELINES = (CONTROL, PLAIN)  # checked against in this order: the control is th
 LABELS = {CONTROL: "control", PLAIN: "plain twin"}  # table headers
 LEGACY_NAMES = {"vanilla": PLAIN, "vanilla-scaled-embedding": CONTROL}  # arch names in files written before
 ARCHS = (CONTROL, PLAIN, "hires", "hires-old-default")
-# The ablation at the CPU shape (d=128, where the default write multiplier is 1): the embedding fix alone at the
-# grid's rate and at 1e-2 (where the write norm is needed), and at 1.6e-2 the write multiplier of d=512
-# (128/512 = 1/4): lr * d * multiplier is the same as at d=512 and lr 4e-3, the GPU stall the multiplier removes.
+# The ablation at the CPU shape (d=128, where the write multiplier was 1 when this ran, under the base width 128
+# of the time): the embedding fix alone at the grid's rate and at 1e-2 (where the write norm is needed), and at
+# 1.6e-2 that rule's write multiplier of d=512 (128/512 = 1/4): lr * d * multiplier is the same as at d=512 and
+# lr 4e-3, the GPU stall the multiplier removes.
 ABLATION_CELLS = (
     (3e-3, "hires-embedding-fix-only"),
     (3e-3, "hires-write-multiplier-1/4"),

@@ -10,7 +10,7 @@ from transformers import AutoConfig, OlmoeConfig
 from hires_hf import PRESETS, HiResConfig, HiResForCausalLM
 from hires_hf.accounting import count_parameters
 from hires_hf.configuration_hires import WRITE_BASE_WIDTH
-from hires_hf.training.cli import with_overrides
+from hires_hf.loading import with_overrides
 from hires_hf.twins import vanilla_config
 
 # (overrides on the tiny preset, the field the error must name, a fragment of what is allowed)

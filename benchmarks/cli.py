@@ -1,10 +1,10 @@
 """`python -m benchmarks` (from the repository root): run the benchmark halves and rewrite RESULTS.md.
 
 The benchmarks belong to the repository checkout, not to the installed `hires_hf` package, which never imports
-them. Each half saves what it measured under `results/` (cost.json, gpu.json, the quality half's quality.md)
-and the report is then reassembled from everything there, so running one half keeps the others' sections. The
-quality half is `benchmarks/quality.py`: `add_arguments(parser)` adds its flags, `run(args, results_dir)` writes
-`results_dir / "quality.md"` and its PNGs.
+them. Each half saves what it measured in its folder under `results/` (cost/cost.json, gpu/gpu.json, the
+quality half's quality/quality.md) and the report is then reassembled from everything there, so running one half
+keeps the others' sections. The quality half is `benchmarks/quality.py`: `add_arguments(parser)` adds its flags,
+`run(args, results_dir)` writes `results_dir / "quality.md"` and its PNGs.
 """
 
 from __future__ import annotations
@@ -143,16 +143,16 @@ def run_bench(args: argparse.Namespace) -> int:
         if not args.no_profile:
             cost["profiles"] = profile_misses(settings, cost)
         cost |= {"command": command, "environment": environment, "load_average_end": os.getloadavg()[0]}
-        report.save_json(results_dir / "cost.json", cost)
+        report.save_json(results_dir / "cost" / "cost.json", cost)
     if "quality" in halves:
-        quality.run(args, results_dir)
+        quality.run(args, results_dir / "quality")
     if "gpu" in halves:
         gpu = run_gpu(gpu_settings(args), progress=progress)
         gpu |= {"command": command, "environment": report.environment()}
         # A CPU-only run must not overwrite real GPU rows measured earlier on a CUDA machine.
-        earlier = report.load_json(results_dir / "gpu.json")
+        earlier = report.load_json(results_dir / "gpu" / "gpu.json")
         if not (gpu.get("skipped") and earlier and not earlier.get("skipped")):
-            report.save_json(results_dir / "gpu.json", gpu)
+            report.save_json(results_dir / "gpu" / "gpu.json", gpu)
         if gpu.get("skipped"):
             print(f"benchmarks: GPU section: {gpu['skipped']}", file=sys.stderr)
     path = report.write_results(args.output_dir)

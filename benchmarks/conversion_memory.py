@@ -24,7 +24,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from hires_hf.tables import markdown_table
 
-RESULTS = Path(__file__).resolve().parent / "results" / "conversion_memory.md"
+RESULTS = Path(__file__).resolve().parent / "results" / "conversion_memory" / "conversion_memory.md"
 MB = 2**20
 
 # ~271M parameters, 1.08 GB in float32.

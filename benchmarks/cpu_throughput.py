@@ -19,7 +19,7 @@ import torch
 from hires_hf.io import write_json_atomic, write_text_atomic
 from hires_hf.tables import markdown_table
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results" / "cpu_throughput"
 
 
 def measure(threads: int, compiled: bool, steps: int, batch: int, context: int) -> dict[str, float]:

@@ -1,9 +1,10 @@
 """Turn the saved measurements under `benchmarks/results/` into `benchmarks/RESULTS.md` and its figures.
 
-Nothing in RESULTS.md is typed by hand: every number comes from `results/cost.json` / `results/gpu.json`
-(written by `python -m benchmarks`) or from a markdown fragment another benchmark command wrote there
-(`results/quality.md` for the quality half, any other `results/*.md` after it). Each section names the
-command, machine and library versions that produced it, since sections may come from different runs.
+Nothing in RESULTS.md is typed by hand. `results/` holds one folder an experiment: the design sweep
+(`sweep/<shape>/sweep.md`, which decides the defaults), `cost/cost.json` and `gpu/gpu.json` (written by
+`python -m benchmarks`), the quality half's `quality/quality.md`, the stability grids, and every other
+experiment's markdown; `archive/` keeps superseded runs, listed at the end. Each section names the command,
+machine and library versions that produced it, since sections may come from different runs.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hires_hf.io import write_json_atomic, write_text_atomic
+from hires_hf.plotting import pyplot
 from hires_hf.tables import markdown_table
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent
@@ -214,7 +217,7 @@ def render_cost(cost: dict[str, Any], figures: list[str]) -> str:
         lines += render_profiles(cost["profiles"])
     if not any(not v["met"] for v in verdicts if v["target"].startswith(("step", "decode"))):
         lines += ["No time target was missed, so no profile was taken.", ""]
-    lines += [f"![{name}](results/{name})" for name in figures]
+    lines += [f"![{name}](results/cost/{name})" for name in figures]
     return "\n".join(lines) + "\n"
 
 
@@ -250,10 +253,7 @@ def render_profiles(profiles: list[dict[str, Any]]) -> list[str]:
 
 def cost_figures(cost: dict[str, Any], results_dir: Path) -> list[str]:
     """One figure: step-time, decode and activation ratios per row, with each row's target drawn in."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = [r for r in cost["rows"] if r["kind"] != "vanilla"]
     summary = cost["summary"]
@@ -320,46 +320,79 @@ def render_gpu(gpu: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- assembly
-QUALITY_FRAGMENT = "quality.md"
+# One folder an experiment under results/; these have sections of their own, in this order, every other folder's
+# markdown follows, and results/archive/ (superseded runs) is listed at the end.
+OWN_SECTIONS = ("sweep", "cost", "quality", "gpu", "stability")
+QUALITY_FRAGMENT = "quality/quality.md"
+LINK = re.compile(r"(\]\()(?![a-z]+:|/|#)([^)]+)\)")  # a relative link or image: `](figure.png)`
+
+
+def fragment(path: Path, results_dir: Path) -> str:
+    """A markdown file an experiment wrote, as a section of RESULTS.md: its links made relative to RESULTS.md
+    (each file links its figures from its own folder), a top-level `# Title` demoted to `## Title`."""
+    folder = path.parent.relative_to(results_dir.parent).as_posix()
+    text = LINK.sub(lambda m: f"{m[1]}{folder}/{m[2]})", path.read_text().strip())
+    if text.startswith("# "):
+        text = "\n".join("#" + line if line.startswith("#") else line for line in text.splitlines())
+    elif not text.startswith("## "):
+        text = f"## From `{path.relative_to(results_dir.parent).as_posix()}`\n\n{text}"
+    return text + "\n"
+
+
+def archive_lines(results_dir: Path) -> list[str]:
+    """One line a superseded run: its title, linked."""
+    entries = sorted((results_dir / "archive").glob("*/*.md"))
+    if not entries:
+        return []
+    lines = [
+        "## Archive: superseded runs",
+        "",
+        "Measured with defaults or baselines since replaced (see each file, and docs/history.md); kept, not read.",
+        "",
+    ]
+    for path in entries:
+        title = next((line.lstrip("# ") for line in path.read_text().splitlines() if line.startswith("#")), path.stem)
+        lines.append(f"- [{title}]({path.relative_to(results_dir.parent).as_posix()})")
+    return [*lines, ""]
 
 
 def write_results(benchmarks_dir: Path = BENCHMARKS_DIR) -> Path:
-    """Assemble RESULTS.md from everything under results/; sections that were never run say how to run them."""
+    """Assemble RESULTS.md from every experiment under results/; sections never run say how to run them."""
     results_dir = benchmarks_dir / "results"
-    cost, gpu = load_json(results_dir / "cost.json"), load_json(results_dir / "gpu.json")
+    cost, gpu = load_json(results_dir / "cost" / "cost.json"), load_json(results_dir / "gpu" / "gpu.json")
     parts = [
         "# HiRes benchmarks",
         "",
-        "Written by `benchmarks/report.py` from the measurements under `benchmarks/results/`; do not edit by hand, "
-        "rerun `python -m benchmarks` from the repository root. Timings on a shared CPU "
-        "are noisy: read the ratios with their spread.",
-        "",
-        "The quality half, `ladder_k4` and `lr_sensitivity` were measured before the stability fix "
-        "(docs/stability.md), with the old defaults; the stability sections, `ladder_gpu` and `ladder_k4_fixed` "
-        "say which defaults they ran with. The baseline is now the *control*: the Llama twin with HiRes's "
-        "embedding scale in its forward (x 1/initializer_range), the strongest simple vanilla. The ladder, the "
-        "stability and learning-rate benchmarks and `hires-hf compare` put it first, as `control`, and, where "
-        "they run it, the plain transformers twin (a Llama whose embedding enters at RMS 0.02) in a second row, "
-        "as `plain-twin`. Sections measured before that change compare against the plain twin, named `vanilla` "
-        "or `twin` there, unless they name the control `vanilla-scaled-embedding` or `--scaled-twin`; the "
-        "control is ahead of HiRes wherever it ran.",
+        "Written by `benchmarks/report.py` from `benchmarks/results/` (one folder an experiment); do not edit by "
+        "hand, rerun `python -m benchmarks` from the repository root. Timings on a shared CPU are noisy: read the "
+        "ratios with their spread. The baseline is the *control*, the Llama twin with HiRes's embedding scale; "
+        "the *plain twin* is that Llama as transformers ships it.",
         "",
     ]
+    sweeps = sorted((results_dir / "sweep").glob("*/sweep.md"))
+    parts += [fragment(path, results_dir) for path in sweeps] or [
+        "## Design sweep\n\nNot run yet: `python -m benchmarks.sweep` (see its docstring).\n"
+    ]
     if cost:
-        parts.append(render_cost(cost, cost_figures(cost, results_dir)))
+        parts.append(render_cost(cost, cost_figures(cost, results_dir / "cost")))
     else:
         parts.append("## Cost half\n\nNot run yet: `python -m benchmarks --only cost`.\n")
     quality = results_dir / QUALITY_FRAGMENT
     if quality.is_file():
-        parts.append(quality.read_text().rstrip() + "\n")
+        parts.append(fragment(quality, results_dir))
     else:
-        parts.append("## Quality half\n\nNot run yet: `python -m benchmarks --only quality`.\n")
+        parts.append(
+            "## Quality half\n\nNot run with the current defaults yet: `python -m benchmarks --only quality` (the "
+            "last run, before the stability fix, is in the archive below).\n"
+        )
     parts.append(
         render_gpu(gpu) if gpu else "## GPU\n\nNot run yet: `python -m benchmarks --only gpu` on a CUDA machine.\n"
     )
-    for fragment in sorted(results_dir.glob("*.md")):
-        if fragment.name != QUALITY_FRAGMENT:
-            parts.append(f"## From `results/{fragment.name}`\n\n{fragment.read_text().rstrip()}\n")
+    parts += [fragment(path, results_dir) for path in sorted((results_dir / "stability").glob("*.md"))]
+    for folder in sorted(path for path in results_dir.iterdir() if path.is_dir()):
+        if folder.name not in (*OWN_SECTIONS, "archive"):
+            parts += [fragment(path, results_dir) for path in sorted(folder.glob("*.md"))]
+    parts += archive_lines(results_dir)
     path = benchmarks_dir / "RESULTS.md"
     write_text_atomic(path, "\n".join(parts))
     return path

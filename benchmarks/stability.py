@@ -15,8 +15,8 @@ its projections with fewer steps), on the same batches, through the experiment h
 A run is "on the plateau" when its final validation loss is within 0.2 nats of the unigram cross-entropy of
 the validation data (what a model that ignores its input reaches). Writes a table, the acceptance checks
 (HiRes learns wherever the baseline does, and at least as well; against the control, then the plain twin) and
-a PNG of validation loss against steps per learning rate. Result files written before the harness (archs
-`vanilla` and `vanilla-scaled-embedding`) are read with those names mapped to `plain-twin` and `control`.
+a PNG of validation loss against steps per learning rate. `--over-seeds` puts grids of one shape run under
+other seeds side by side: each cell's losses, their mean and spread, and the checks applied to the means.
 
     python benchmarks/stability.py                 # CPU: d=128, L=16, k=4 (4 blocks); ~20 minutes on 2 cores
     python benchmarks/stability.py --preset d192   # the d=192 CPU reproduction of the stall: 32 x 128 batches; ~60 min
@@ -26,15 +26,18 @@ a PNG of validation loss against steps per learning rate. Result files written b
     python benchmarks/stability.py --preset gpu    # one GPU: d=512, L=16, 12M vanilla tokens a run
     python benchmarks/stability.py --map           # where the old default stalls: width, blocks, batch, dtype
     python benchmarks/stability.py --ablation      # each part of the fix alone, up to lr 1.6e-2
+    python benchmarks/stability.py --over-seeds    # stability.json + stability_seed1.json -> stability_seeds
     python benchmarks/stability.py --smoke         # seconds: tests
 
-Writes benchmarks/results/stability[_d192|_gpu|_map][_dD][_seedN].{md,json,png} (or under --out-dir).
+Writes benchmarks/results/stability/stability[_d192|_gpu|_map|_seeds][_dD][_seedN].{md,json,png} (or under
+--out-dir).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -56,10 +59,11 @@ from hires_hf.experiments.harness import (
     train_run,
 )
 from hires_hf.io import write_json_atomic, write_text_atomic
+from hires_hf.plotting import pyplot
 from hires_hf.tables import markdown_row, markdown_table
 from hires_hf.training.loop import pick_device
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results" / "stability"
 CONTROL, PLAIN = (arm.name for arm in baseline_arms(plain=True))  # "control", "plain-twin"
 # Every architecture by name: the baselines, then HiRes variants by the config fields that differ from the
 # defaults (`residual_ratio` is D / d).
@@ -80,7 +84,6 @@ VARIANTS: dict[str, Arm] = {
 }
 BASELINES = (CONTROL, PLAIN)  # checked against in this order: the control is the baseline
 LABELS = {CONTROL: "control", PLAIN: "plain twin"}  # table headers
-LEGACY_NAMES = {"vanilla": PLAIN, "vanilla-scaled-embedding": CONTROL}  # arch names in files written before
 ARCHS = (CONTROL, PLAIN, "hires", "hires-old-default")
 # The ablation at the CPU shape (d=128, where the write multiplier was 1 when this ran, under the base width 128
 # of the time): the embedding fix alone at the grid's rate and at 1e-2 (where the write norm is needed), and at
@@ -225,16 +228,10 @@ def _slim(row: dict[str, Any]) -> dict[str, Any]:
     return {key: row[key] for key in keep if key in row}
 
 
-def canonical(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Runs with the arch names of files written before the harness (`vanilla`, `vanilla-scaled-embedding`)
-    mapped to today's (`plain-twin`, `control`)."""
-    return [{**run, "arch": LEGACY_NAMES.get(run["arch"], run["arch"])} for run in runs]
-
-
 def load_payload(path: Path) -> dict[str, Any]:
-    """A grid's JSON, old or new: arch names made current, a shape without D / d read as D = 2d."""
+    """A grid's JSON, old or new: a shape without D / d read as D = 2d."""
     payload = json.loads(path.read_text())
-    payload["runs"] = canonical(payload.get("runs", []))
+    payload.setdefault("runs", [])
     shape = payload.get("settings", {}).get("shape")
     if shape is not None:
         payload["settings"]["shape"] = {**json.loads(json.dumps(asdict(Shape()))), **shape}
@@ -250,7 +247,6 @@ def acceptance(runs: list[dict[str, Any]], arch: str = "hires", baseline: str = 
     2. `arch` at the baseline's best rate within 0.05 nats of it, or better;
     3. `arch`'s best below the baseline's best, each over its own rates (with the edge a best sits at, if any).
     """
-    runs = canonical(runs)
     who = "the control" if baseline == CONTROL else "the plain twin" if baseline == PLAIN else f"`{baseline}`"
     loss = {(r["arch"], r["lr"]): r["final_loss"] for r in runs if r["arch"] in (arch, baseline)}
     plateau = {(r["arch"], r["lr"]): r["plateau"] for r in runs if r["arch"] in (arch, baseline)}
@@ -303,7 +299,7 @@ def _rates(rates: list[float]) -> str:
 # ---------------------------------------------------------------------------------------------------- report
 def markdown(payload: dict[str, Any], checked: str = "hires") -> str:
     """The section: settings, the loss table (archs in order of appearance), the checks of `checked`."""
-    runs, settings = canonical(payload["runs"]), payload["settings"]
+    runs, settings = payload["runs"], payload["settings"]
     present = list(dict.fromkeys(r["arch"] for r in runs))
     archs = [a for a in VARIANTS if a in present] + [a for a in present if a not in VARIANTS]
     rates = sorted({r["lr"] for r in runs})
@@ -330,7 +326,7 @@ def markdown(payload: dict[str, Any], checked: str = "hires") -> str:
         ),
     ]
     lines += checks_lines(runs, checked)
-    lines += ["", f"![validation loss against steps](results/{payload['figure']})", ""]  # from RESULTS.md
+    lines += ["", f"![validation loss against steps]({payload['figure']})", ""]  # next to this file
     return "\n".join(lines)
 
 
@@ -341,7 +337,6 @@ def _loss_cell(run: dict[str, Any] | None) -> str:
 
 def checks_lines(runs: list[dict[str, Any]], checked: str = "hires", on: str = "") -> list[str]:
     """The checks of `checked` as markdown tables: against the control (the baseline), then the plain twin."""
-    runs = canonical(runs)
     archs = {r["arch"] for r in runs}
     against = {CONTROL: "the control (the baseline: Llama with HiRes's embedding scale)", PLAIN: "the plain twin"}
     lines: list[str] = []
@@ -355,12 +350,8 @@ def checks_lines(runs: list[dict[str, Any]], checked: str = "hires", on: str = "
 
 
 def plot(payload: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = canonical(payload["runs"])
+    plt = pyplot()
+    runs = payload["runs"]
     rates = sorted({r["lr"] for r in runs})
     fig, axes = plt.subplots(1, len(rates), figsize=(4.2 * len(rates), 3.8), sharey=True, squeeze=False)
     archs = list(dict.fromkeys(r["arch"] for r in runs))
@@ -432,12 +423,8 @@ def run_map(out_dir: Path, command: str) -> dict[str, Any]:
 
 def map_plot(payload: dict[str, Any], path: Path) -> Path:
     """Bars: the final loss of the baselines and of the old default at each map point, the unigram loss as a tick."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    all_rows = canonical(payload["rows"])
+    plt = pyplot()
+    all_rows = payload["rows"]
     points = list(dict.fromkeys(row["point"] for row in all_rows))
     archs = [arch for arch in MAP_ARCHS if any(row["arch"] == arch for row in all_rows)]
     fig, ax = plt.subplots(figsize=(1.6 * len(points) + 2, 4))
@@ -462,17 +449,16 @@ def map_plot(payload: dict[str, Any], path: Path) -> Path:
 
 
 def map_markdown(payload: dict[str, Any]) -> str:
+    all_rows = payload["rows"]
+    archs = [arch for arch in MAP_ARCHS if any(row["arch"] == arch for row in all_rows)]  # the ones that ran
     lines = [
         "## Where the old default stalls (peak lr 3e-3, one factor at a time)",
         "",
         f"`{payload['command']}` (CPU, {payload['minutes']:.1f} min). Final validation loss (* = on the unigram "
         "plateau) and, in brackets, the shared fraction of the last hidden state (1 = every token the same).",
         "",
-        *markdown_table(
-            ["point", "unigram", *(LABELS.get(a, a) for a in MAP_ARCHS)], align="lr" + "r" * len(MAP_ARCHS)
-        ),
+        *markdown_table(["point", "unigram", *(LABELS.get(a, a) for a in archs)], align="lr" + "r" * len(archs)),
     ]
-    all_rows = canonical(payload["rows"])
     points = list(dict.fromkeys(row["point"] for row in all_rows))
     for point in points:
         rows = {row["arch"]: row for row in all_rows if row["point"] == point}
@@ -480,11 +466,11 @@ def map_markdown(payload: dict[str, Any]) -> str:
             f"{rows[a]['final_loss']:.3f}{'*' if rows[a]['plateau'] else ''} ({rows[a]['final_shared']:.2f})"
             if a in rows
             else ""
-            for a in MAP_ARCHS
+            for a in archs
         ]
         unigram = next(iter(rows.values()))["unigram_loss"]
         lines.append(markdown_row([point, f"{unigram:.3f}", *cells]))
-    lines += ["", "![map](results/stability_map.png)"]
+    lines += ["", "![map](stability_map.png)"]
     return "\n".join(lines) + "\n"
 
 
@@ -571,6 +557,106 @@ def run(
     return payload
 
 
+# ---------------------------------------------------------------------------------------------------- over seeds
+def load_seeds(paths: list[Path]) -> list[dict[str, Any]]:
+    """The grids' payloads, checked to be one experiment: same unigram loss (same data) and shape."""
+    payloads = [load_payload(path) for path in paths]
+    shapes = {json.dumps(p["settings"]["shape"], sort_keys=True) for p in payloads}
+    if len(shapes) > 1 or len({round(p["unigram_loss"], 9) for p in payloads}) > 1:
+        raise SystemExit("error: these grids differ in shape or data; pass grids of one preset run under other seeds")
+    return payloads
+
+
+def seed_cells(payloads: list[dict[str, Any]]) -> dict[tuple[str, float], list[dict[str, Any]]]:
+    """(arch, lr) -> that cell's run in each grid that has it."""
+    cells: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for payload in payloads:
+        for run in payload["runs"]:
+            cells.setdefault((run["arch"], run["lr"]), []).append(run)
+    return cells
+
+
+def seed_means(cells: dict[tuple[str, float], list[dict[str, Any]]], seeds: int) -> list[dict[str, Any]]:
+    """One run per cell that every seed has: mean final loss, on the plateau if any seed is."""
+    return [
+        {
+            "arch": arch,
+            "lr": lr,
+            "final_loss": statistics.fmean(r["final_loss"] for r in runs),
+            "plateau": any(r["plateau"] for r in runs),
+        }
+        for (arch, lr), runs in cells.items()
+        if len(runs) == seeds
+    ]
+
+
+def seeds_markdown(payloads: list[dict[str, Any]], paths: list[Path], figure: str) -> str:
+    seeds = [p["settings"]["seed"] for p in payloads]
+    cells = seed_cells(payloads)
+    archs = [a for a in VARIANTS if any(arch == a for arch, _ in cells)]
+    shape = payloads[0]["settings"]["shape"]
+    lines = [
+        "## Stability over seeds",
+        "",
+        f"`python benchmarks/stability.py --over-seeds {' '.join(p.name for p in paths)}`: seeds {seeds}, "
+        f"d={shape['hidden_size']}, "
+        f"L={shape['num_hidden_layers']}, {payloads[0]['settings']['vanilla_steps']} vanilla steps, matched counted "
+        f"FLOPs; unigram loss {payloads[0]['unigram_loss']:.3f}. Each cell: the seeds' final validation losses, "
+        "then their mean ± half the range (* = on the plateau).",
+        "",
+        *markdown_table(["peak lr", *(LABELS.get(a, a) for a in archs)]),
+    ]
+    for lr in sorted({lr for _, lr in cells}):
+        row = []
+        for arch in archs:
+            runs = cells.get((arch, lr), [])
+            losses = [f"{r['final_loss']:.3f}{'*' if r['plateau'] else ''}" for r in runs]
+            values = [r["final_loss"] for r in runs]
+            spread = (
+                f" → {statistics.fmean(values):.3f} ± {(max(values) - min(values)) / 2:.3f}" if len(runs) > 1 else ""
+            )
+            row.append(" / ".join(losses) + spread if runs else "-")
+        lines.append(markdown_row([f"{lr:g}", *row]))
+    lines += checks_lines(
+        seed_means(cells, len(payloads)), on=" on the means (a rate is on the plateau if any seed is)"
+    )
+    return "\n".join([*lines, "", f"![final loss against learning rate over seeds]({figure})", ""])
+
+
+def seeds_plot(payloads: list[dict[str, Any]], path: Path) -> Path:
+    plt = pyplot()
+    cells = seed_cells(payloads)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arch in [a for a in VARIANTS if any(arch == a for arch, _ in cells)]:
+        rates = sorted(lr for a, lr in cells if a == arch)
+        means = [statistics.fmean(r["final_loss"] for r in cells[arch, lr]) for lr in rates]
+        (line,) = ax.plot(rates, means, marker="o", label=LABELS.get(arch, arch))
+        for lr in rates:
+            losses = [r["final_loss"] for r in cells[arch, lr]]
+            ax.scatter([lr] * len(losses), losses, color=line.get_color(), s=12, alpha=0.5)
+    ax.axhline(payloads[0]["unigram_loss"], color="grey", linestyle=":", label="unigram loss")
+    ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss (nats/token)")
+    ax.set_title(f"Final loss over seeds {[p['settings']['seed'] for p in payloads]} at matched counted FLOPs")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def over_seeds(grids: list[Path], name: str) -> str:
+    """`--over-seeds`: the grids side by side, written as NAME.md and NAME.png next to the first grid."""
+    missing = [str(path) for path in grids if not path.is_file()]
+    if missing:
+        raise SystemExit(f"error: no grid at {', '.join(missing)}; run `python benchmarks/stability.py --seed N` first")
+    payloads = load_seeds(grids)
+    out_dir = grids[0].parent
+    seeds_plot(payloads, out_dir / f"{name}.png")
+    text = seeds_markdown(payloads, grids, f"{name}.png")
+    write_text_atomic(out_dir / f"{name}.md", text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=("cpu", "d192", "gpu"), default="cpu")
@@ -581,7 +667,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--archs",
         nargs="+",
-        type=lambda name: LEGACY_NAMES.get(name, name),  # the names of older commands still work
         choices=VARIANTS,
         help=f"architectures (default: {' '.join(ARCHS)})",
     )
@@ -592,6 +677,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="initialisation and batch order (default 0)")
     parser.add_argument("--name", help="file name of the outputs (default: stability or stability_gpu)")
     parser.add_argument("--render", type=Path, help="rewrite the table and figure of a finished (or cut-off) JSON")
+    parser.add_argument(
+        "--over-seeds",
+        nargs="*",
+        type=Path,
+        metavar="GRID",
+        help="grids of one shape under other seeds, side by side (default: stability.json, stability_seed1.json)",
+    )
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.render:
@@ -600,6 +692,10 @@ def main(argv: list[str] | None = None) -> int:
         diagnostics_figures(payload, args.render.parent, args.render.stem)
         write_text_atomic(args.render.with_suffix(".md"), markdown(payload))
         print(markdown(payload))
+        return 0
+    if args.over_seeds is not None:
+        grids = args.over_seeds or [args.out_dir / "stability.json", args.out_dir / "stability_seed1.json"]
+        print(over_seeds(grids, args.name or "stability_seeds"))
         return 0
     command = "python benchmarks/stability.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.map:

@@ -95,10 +95,33 @@ def test_tiny_cost_run_counts_what_the_accounting_predicts_and_writes_a_report(t
     assert ("step time vs OLMoE", "HiRes-MoE k=2 D=1d") in checked
 
     result |= {"command": "pytest", "environment": report.environment(), "load_average_end": 0.0}
-    report.save_json(tmp_path / "results" / "cost.json", result)
+    report.save_json(tmp_path / "results" / "cost" / "cost.json", result)
     text = report.write_results(tmp_path).read_text()
     assert all(f"| {name} |" in text for name in names)
-    assert "Quality half" in text and (tmp_path / "results" / "cost_ratios.png").stat().st_size > 0
+    assert "Quality half" in text and (tmp_path / "results" / "cost" / "cost_ratios.png").stat().st_size > 0
+    assert "![cost_ratios.png](results/cost/cost_ratios.png)" in text
+
+
+def test_results_md_is_built_from_every_experiment_folder_the_sweep_first_and_the_archive_listed(tmp_path):
+    """One folder an experiment; each links its figures from its own folder, RESULTS.md from the benchmarks'."""
+    results = tmp_path / "results"
+    for name, text in {
+        "sweep/128x16/sweep.md": "# Design sweep at 128x16\n\nverdict\n\n## Length check\n\n![s](sweep.png)\n",
+        "stability/stability.md": "## Stability grid\n\n![grid](stability.png)\n",
+        "demo/table.md": "| model | loss |\n|---|---:|\n| control | 3.6 |\n",
+        "archive/ladder_k4/ladder_k4.md": "## Ladder at k = 4 (old defaults)\n\n![fit](scaling_fit.png)\n",
+    }.items():
+        (results / name).parent.mkdir(parents=True, exist_ok=True)
+        (results / name).write_text(text)
+    text = report.write_results(tmp_path).read_text()
+    sections = [line for line in text.splitlines() if line.startswith("## ")]
+    assert sections[0] == "## Design sweep at 128x16" and "### Length check" in text  # demoted under the page
+    assert "![s](results/sweep/128x16/sweep.png)" in text and "![grid](results/stability/stability.png)" in text
+    assert "## From `results/demo/table.md`" in text and "| control | 3.6 |" in text
+    assert "Not run yet: `python -m benchmarks --only cost`" in text and "Not run with the current defaults" in text
+    assert sections[-1] == "## Archive: superseded runs"
+    assert "- [Ladder at k = 4 (old defaults)](results/archive/ladder_k4/ladder_k4.md)" in text
+    assert "scaling_fit.png" not in text  # an archived run is listed, not inlined
 
 
 def test_bench_command_skips_gpu_without_cuda_and_rejects_bad_blocks(tmp_path, capsys):
@@ -189,13 +212,13 @@ def test_stability_check_three_takes_each_best_over_its_own_rates():
     assert not verdicts[1][1] and "HiRes did not run at 0.008" in verdicts[1][2]
 
 
-def test_stability_reads_older_grids_and_never_calls_the_control_twin():
-    """Files written before the harness name the baselines `vanilla` / `vanilla-scaled-embedding`."""
+def test_stability_checks_the_control_first_and_never_calls_it_a_twin():
+    """One name a baseline: `control` (the Llama twin with HiRes's embedding scale), `plain-twin` (as it ships)."""
     from benchmarks.stability import acceptance, checks_lines
 
-    old = [_run("vanilla", 3e-3, 6.2), _run("vanilla-scaled-embedding", 3e-3, 4.6), _run("hires", 3e-3, 4.7)]
-    assert acceptance(old, baseline="plain-twin")[2][1] and not acceptance(old)[2][1]
-    text = "\n".join(checks_lines(old))
+    runs = [_run("plain-twin", 3e-3, 6.2), _run("control", 3e-3, 4.6), _run("hires", 3e-3, 4.7)]
+    assert acceptance(runs, baseline="plain-twin")[2][1] and not acceptance(runs)[2][1]
+    text = "\n".join(checks_lines(runs))
     control, _ = text.split("against the plain twin")
     assert "the control's best" in control and "twin" not in control
 
@@ -232,20 +255,21 @@ def test_stability_smoke_writes_table_json_and_figure(tmp_path):
     assert text.index("Checks of `hires` against the control") < text.index("against the plain twin")
     assert (tmp_path / "stability.png").stat().st_size > 10_000
     # Another seed is another run (weights and batch order), written next to the first rather than over it.
-    seed1 = ["--smoke", "--seed", "1", "--archs", "vanilla", "hires", "--lrs", "1e-3", "--out-dir", str(tmp_path)]
+    seed1 = ["--smoke", "--seed", "1", "--archs", "plain-twin", "hires", "--lrs", "1e-3", "--out-dir", str(tmp_path)]
     assert stability(seed1) == 0
     reseeded = json.loads((tmp_path / "stability_seed1.json").read_text())["runs"]
     first = {(r["arch"], r["lr"]): r["final_loss"] for r in payload["runs"]}
-    assert [(r["arch"], r["lr"]) for r in reseeded] == [("plain-twin", 1e-3), ("hires", 1e-3)]  # the old name works
+    assert [(r["arch"], r["lr"]) for r in reseeded] == [("plain-twin", 1e-3), ("hires", 1e-3)]
     assert reseeded[1]["final_loss"] != pytest.approx(first["hires", 1e-3], abs=1e-6)
+    with pytest.raises(SystemExit):  # one name a baseline: `vanilla` is no architecture (control / plain-twin)
+        stability(["--smoke", "--archs", "vanilla", "--out-dir", str(tmp_path)])
 
 
 @pytest.mark.slow
 def test_stability_over_seeds_averages_the_cells_every_seed_ran(tmp_path):
     from benchmarks.stability import main as stability
-    from benchmarks.stability_seeds import main as over_seeds
 
-    assert stability(["--smoke", "--archs", "vanilla", "hires", "--lrs", "1e-3", "--out-dir", str(tmp_path)]) == 0
+    assert stability(["--smoke", "--archs", "plain-twin", "hires", "--lrs", "1e-3", "--out-dir", str(tmp_path)]) == 0
     assert (
         stability(
             [
@@ -253,7 +277,7 @@ def test_stability_over_seeds_averages_the_cells_every_seed_ran(tmp_path):
                 "--seed",
                 "1",
                 "--archs",
-                "vanilla",
+                "plain-twin",
                 "hires",
                 "--lrs",
                 "1e-3",
@@ -265,7 +289,7 @@ def test_stability_over_seeds_averages_the_cells_every_seed_ran(tmp_path):
         == 0
     )
     grids = [tmp_path / "stability.json", tmp_path / "stability_seed1.json"]
-    assert over_seeds([str(g) for g in grids]) == 0
+    assert stability(["--over-seeds", *map(str, grids)]) == 0
     losses = {
         (r["arch"], r["lr"], p["settings"]["seed"]): r["final_loss"]
         for p in map(json.loads, (g.read_text() for g in grids))
@@ -277,14 +301,14 @@ def test_stability_over_seeds_averages_the_cells_every_seed_ran(tmp_path):
     assert f"HiRes {mean:.3f} at 0.001" in table  # checks run on means, over rates every seed has (not 3e-3)
     assert (tmp_path / "stability_seeds.png").stat().st_size > 10_000
     with pytest.raises(SystemExit, match="no grid at"):
-        over_seeds([str(tmp_path / "absent.json")])
+        stability(["--over-seeds", str(tmp_path / "absent.json")])
 
 
 @pytest.mark.slow
 def test_stability_extend_runs_only_the_missing_cells_of_the_same_experiment(tmp_path):
     from benchmarks.stability import main as stability
 
-    out = ["--smoke", "--archs", "vanilla", "--out-dir", str(tmp_path)]
+    out = ["--smoke", "--archs", "plain-twin", "--out-dir", str(tmp_path)]
     assert stability([*out, "--lrs", "1e-3"]) == 0
     first = json.loads((tmp_path / "stability.json").read_text())["runs"]
     assert stability([*out, "--extend", "--lrs", "1e-3", "3e-3"]) == 0

@@ -244,8 +244,8 @@ def _ladder(laws: dict[str, PowerLaw], noise: float, points: int = 12, seed: int
 def test_scaling_fit_recovers_a_known_law_and_multiplier(irreducible: bool) -> None:
     multiplier, alpha, A = 1.3, 0.08, 40.0
     E = 1.2 if irreducible else 0.0
-    # HiRes reaches vanilla's loss with 1/1.3 of the compute at every C: L_h(C) = L_v(1.3 C).
-    laws = {"vanilla": PowerLaw(A, alpha, E), "hires": PowerLaw(A * multiplier**-alpha, alpha, E)}
+    # HiRes reaches the control's loss with 1/1.3 of the compute at every C: L_h(C) = L_c(1.3 C).
+    laws = {"control": PowerLaw(A, alpha, E), "hires": PowerLaw(A * multiplier**-alpha, alpha, E)}
     # With E, A and E trade off against each other: the same 2% needs less noise (0.02% vs 0.05% of the loss).
     runs = _ladder(laws, noise=0.0002 if irreducible else 0.0005)
     report = analyse(runs, irreducible=irreducible, bootstrap=200)
@@ -260,7 +260,7 @@ def test_scaling_fit_recovers_a_known_law_and_multiplier(irreducible: bool) -> N
 
 
 def test_multiplier_is_the_same_at_a_loss_or_at_the_matching_compute() -> None:
-    laws = {"vanilla": PowerLaw(30.0, 0.06), "hires": PowerLaw(28.0, 0.061)}
+    laws = {"control": PowerLaw(30.0, 0.06), "hires": PowerLaw(28.0, 0.061)}
     at_compute = analyse(_ladder(laws, noise=0.0), at_compute=1e18, bootstrap=0).multipliers[0]
     at_loss = analyse(_ladder(laws, noise=0.0), at_loss=at_compute.at_loss, bootstrap=0).multipliers[0]
     assert at_loss.value == pytest.approx(at_compute.value, rel=1e-9)
@@ -272,7 +272,7 @@ def test_multiplier_is_the_same_at_a_loss_or_at_the_matching_compute() -> None:
 
 @pytest.mark.parametrize("suffix", ["json", "jsonl"])
 def test_scaling_cli_writes_fit_and_plot(tmp_path: Path, suffix: str, capsys: pytest.CaptureFixture) -> None:
-    runs = _ladder({"vanilla": PowerLaw(30.0, 0.06), "hires": PowerLaw(29.0, 0.06)}, noise=0.001, points=4)
+    runs = _ladder({"control": PowerLaw(30.0, 0.06), "hires": PowerLaw(29.0, 0.06)}, noise=0.001, points=4)
     records = [run.__dict__ for run in runs]
     path = tmp_path / f"runs.{suffix}"
     if suffix == "json":
@@ -282,9 +282,9 @@ def test_scaling_cli_writes_fit_and_plot(tmp_path: Path, suffix: str, capsys: py
     assert read_runs(path) == runs
     assert main(["scaling", str(path), "--out-dir", str(tmp_path / "fit"), "--bootstrap", "50"]) == 0
     fit = json.loads((tmp_path / "fit" / "scaling_fit.json").read_text())
-    assert set(fit["fits"]) == {"vanilla", "hires"} and fit["multipliers"][0]["arch"] == "hires"
+    assert set(fit["fits"]) == {"control", "hires"} and fit["multipliers"][0]["arch"] == "hires"
     assert (tmp_path / "fit" / "scaling_fit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "FLOPs-efficiency multiplier of hires over vanilla" in capsys.readouterr().out
+    assert "FLOPs-efficiency multiplier of hires over control" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- bad input: one line, exit code 2

@@ -1,5 +1,5 @@
 """Evaluation: lm-eval-harness on HiRes folders with offline stdlib tasks, sliding-window perplexity, and
-scaling-law fits that turn a ladder of runs into HiRes's FLOPs-efficiency multiplier over vanilla.
+scaling-law fits that turn a ladder of runs into HiRes's FLOPs-efficiency multiplier over the control.
 
 lm-eval (the `eval` extra) is imported only by `harness` functions that run it.
 """

@@ -1,13 +1,13 @@
-"""Scaling-law fits and the FLOPs-efficiency multiplier of HiRes over vanilla (the HiRes paper's central claim: 1.30x).
+"""Scaling-law fits and the FLOPs-efficiency multiplier of HiRes over its baseline (the paper's claim: 1.30x).
 
 Per architecture, fit `L(C) = A * C**-alpha` (or `A * C**-alpha + E` with an irreducible loss) to runs of
 (training FLOPs C, final validation loss L). The multiplier at HiRes compute C solves
-`L_vanilla(C') = L_hires(C)` and reports `C' / C`: how much more compute vanilla needs for the same loss
-(1.30 means HiRes reaches vanilla's loss at 1 / 1.30 = 77% of the compute). A residual bootstrap gives its
-confidence interval.
+`L_baseline(C') = L_hires(C)` and reports `C' / C`: how much more compute the baseline needs for the same loss
+(1.30 means HiRes reaches the baseline's loss at 1 / 1.30 = 77% of the compute). A residual bootstrap gives its
+confidence interval. The baseline is the `control` (the Llama twin with HiRes's embedding scale) unless named.
 
 RUNS file: JSON (a list of records, or {"runs": [...]}) or JSONL (one record a line); each record is
-`{"arch": "hires" | "vanilla" | ..., "params": int, "flops": float, "loss": float}`, FLOPs counted by
+`{"arch": "hires" | "control" | ..., "params": int, "flops": float, "loss": float}`, FLOPs counted by
 `hires_hf.accounting`. Extra keys are kept and ignored.
 """
 
@@ -151,16 +151,16 @@ def fit_power_law(flops: Sequence[float], losses: Sequence[float], irreducible: 
 
 
 def efficiency_multiplier(
-    hires: PowerLaw, vanilla: PowerLaw, at_compute: float | None = None, at_loss: float | None = None
+    hires: PowerLaw, baseline: PowerLaw, at_compute: float | None = None, at_loss: float | None = None
 ) -> float:
-    """C_vanilla / C_hires for the same loss: at HiRes compute `at_compute`, or at loss `at_loss` (one of them)."""
+    """C_baseline / C_hires for the same loss: at HiRes compute `at_compute`, or at loss `at_loss` (one of them)."""
     if (at_compute is None) == (at_loss is None):
         raise ValueError("give exactly one of at_compute and at_loss.")
     if at_loss is None:
         at_loss = float(hires.loss(at_compute))
     else:
         at_compute = float(hires.compute_for(at_loss))
-    return float(vanilla.compute_for(at_loss)) / at_compute
+    return float(baseline.compute_for(at_loss)) / at_compute
 
 
 def _minimum_points(irreducible: bool) -> int:
@@ -245,7 +245,7 @@ def _bootstrap_laws(fit: ArchFit, irreducible: bool, rng: np.random.Generator, s
 
 def analyse(
     runs: Sequence[Run],
-    baseline: str = "vanilla",
+    baseline: str = "control",
     irreducible: bool = False,
     at_compute: float | None = None,
     at_loss: float | None = None,

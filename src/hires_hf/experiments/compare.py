@@ -25,8 +25,8 @@ from tqdm.auto import tqdm
 
 from ..configuration_hires import HiResConfig
 from ..errors import HiResUserError
-from ..loading import load_config
 from ..io import write_json_atomic
+from ..loading import load_config
 from ..tables import markdown_table
 from ..training.loop import pick_device
 from .harness import (

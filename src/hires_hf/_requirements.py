@@ -1,11 +1,17 @@
-"""Fail fast, in one line, on a transformers older than the package needs (a GPU image may carry 5.17)."""
+"""Fail fast, in one line, on a transformers older than the package needs (pyproject.toml states the same floor).
+
+5.16.1 is the oldest transformers vLLM 0.32 accepts (it pins `>=5.16.1,<5.20`); the model files run there too,
+and the main suite passes on it (README, "Serving with vLLM", says how that was checked).
+"""
 
 import transformers
+from packaging.version import Version
 
-NEEDED = (5, 24)
+FLOOR = "5.16.1"
+CEILING = "5.30"
 
-if tuple(int(part) for part in transformers.__version__.split(".")[:2]) < NEEDED:
+if Version(transformers.__version__) < Version(FLOOR):
     raise ImportError(
-        f"hires-hf needs transformers >= 5.24 (found {transformers.__version__}): "
-        "pip install -U 'transformers>=5.24,<5.30'"
+        f"hires-hf needs transformers >= {FLOOR} (found {transformers.__version__}): "
+        f"pip install -U 'transformers>={FLOOR},<{CEILING}'"
     )

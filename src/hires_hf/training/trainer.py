@@ -14,6 +14,7 @@ What this adds to a plain `Trainer`:
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import shutil
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from torch.utils.data import Dataset
 from transformers import (
     AutoModelForCausalLM,
@@ -47,6 +49,15 @@ from .loop import ADAM_BETAS, MAX_GRAD_NORM, MIN_LR_RATE, SCHEDULE, WEIGHT_DECAY
 from .tokenizer import check_vocab, save_tokenizer
 
 ROUTER_LOSSES = ("aux_loss", "z_loss")
+
+# transformers 5.24 renamed TrainingArguments' gradient_checkpointing to activation_checkpointing (5.16-5.23 know the
+# old name), and is the first whose DistributedConfig takes ep_size (what sharded runs here are tested on).
+CHECKPOINTING_ARG = (
+    "activation_checkpointing"
+    if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
+    else "gradient_checkpointing"
+)
+SHARDING_READY = "ep_size" in inspect.signature(DistributedConfig).parameters
 
 
 @dataclass
@@ -232,6 +243,11 @@ def sharding_config(
     trained fails here in one line, before any data is read or model built."""
     if max(fsdp_size or 1, tp_size or 1, ep_size or 1) == 1:
         return None
+    if not SHARDING_READY:
+        raise HiResUserError(
+            f"Sharded training (--fsdp / --tp / --ep) needs transformers >= 5.24 (found {transformers.__version__}): "
+            "pip install -U 'transformers>=5.24,<5.30'."
+        )
     if (tp_size or 1) > 1 and not torch.cuda.is_available():
         raise HiResUserError(
             "Tensor parallelism in the Trainer needs GPUs (accelerate refuses it on CPU processes); on CPU use "
@@ -364,7 +380,7 @@ def _training_arguments(checkpoints: Path, settings: TrainSettings) -> TrainingA
         data_seed=settings.seed,
         bf16=settings.bf16,
         tf32=settings.tf32 or None,
-        activation_checkpointing=settings.activation_checkpointing or None,
+        **{CHECKPOINTING_ARG: settings.activation_checkpointing or None},
         use_cpu=not cuda,
         ddp_backend="gloo" if not cuda and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
         dataloader_num_workers=0,

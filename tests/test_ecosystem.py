@@ -1,6 +1,6 @@
 """HiRes drops into the tools people already use: pipeline, PEFT, TRL, torch.compile, big-model loading,
-the Trainer's classification path and vLLM's transformers backend (checked statically here; run on a GPU
-with scripts/vllm_smoke.py). Everything runs on CPU with tiny models and a tokenizer trained in-process.
+the Trainer's classification path and vLLM's transformers backend (checked statically here; served by vLLM in
+tests/test_vllm.py). Everything runs on CPU with tiny models and a tokenizer trained in-process.
 """
 
 from __future__ import annotations

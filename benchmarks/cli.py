@@ -1,10 +1,9 @@
 """`python -m benchmarks` (from the repository root): run the benchmark halves and rewrite RESULTS.md.
 
 The benchmarks belong to the repository checkout, not to the installed `hires_hf` package, which never imports
-them. Each half saves what it measured in its folder under `results/` (cost/cost.json, gpu/gpu.json, the
-quality half's quality/quality.md) and the report is then reassembled from everything there, so running one half
-keeps the others' sections. The quality half is `benchmarks/quality.py`: `add_arguments(parser)` adds its flags,
-`run(args, results_dir)` writes `results_dir / "quality.md"` and its PNGs.
+them. Each half saves what it measured in its folder under `results/` (cost/cost.json, gpu/gpu.json) and the
+report is then reassembled from everything there, so running one half keeps the others' sections. Quality is the
+compute ladder's (`hires-hf ladder`, results/ladder/), which writes its own section.
 """
 
 from __future__ import annotations
@@ -17,11 +16,11 @@ from pathlib import Path
 
 from hires_hf.errors import HiResUserError
 
-from . import quality, report
+from . import report, serving
 from .cost import CostSettings, profile_misses, run_cost
 from .gpu import SHAPES, GpuSettings, run_gpu
 
-HALVES = ("cost", "quality", "gpu")
+HALVES = ("cost", "gpu", "serving")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -78,8 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument("--gpu-batch-size", type=int, default=GpuSettings.batch_size)
     gpu.add_argument("--gpu-steps", type=int, default=GpuSettings.steps)
     gpu.add_argument("--peak-tflops", type=float, default=None, help="peak bf16 TFLOP/s, for an unlisted GPU")
-
-    quality.add_arguments(parser.add_argument_group("quality half"))
+    serving.add_arguments(parser)
 
 
 def cost_settings(args: argparse.Namespace) -> CostSettings:
@@ -144,8 +142,6 @@ def run_bench(args: argparse.Namespace) -> int:
             cost["profiles"] = profile_misses(settings, cost)
         cost |= {"command": command, "environment": environment, "load_average_end": os.getloadavg()[0]}
         report.save_json(results_dir / "cost" / "cost.json", cost)
-    if "quality" in halves:
-        quality.run(args, results_dir / "quality")
     if "gpu" in halves:
         gpu = run_gpu(gpu_settings(args), progress=progress)
         gpu |= {"command": command, "environment": report.environment()}
@@ -155,6 +151,8 @@ def run_bench(args: argparse.Namespace) -> int:
             report.save_json(results_dir / "gpu" / "gpu.json", gpu)
         if gpu.get("skipped"):
             print(f"benchmarks: GPU section: {gpu['skipped']}", file=sys.stderr)
+    if "serving" in halves:  # vLLM only: skipped with one line where it is not installed
+        serving.run_serving(serving.settings_from(args), results_dir / "serving")
     path = report.write_results(args.output_dir)
     print(f"wrote {path}")
     return 0

@@ -1,8 +1,9 @@
 """Turn the saved measurements under `benchmarks/results/` into `benchmarks/RESULTS.md` and its figures.
 
-Nothing in RESULTS.md is typed by hand. `results/` holds one folder an experiment: the design sweep
-(`sweep/<shape>/sweep.md`, which decides the defaults), `cost/cost.json` and `gpu/gpu.json` (written by
-`python -m benchmarks`), the quality half's `quality/quality.md`, the stability grids, and every other
+Nothing in RESULTS.md is typed by hand. `results/` holds one folder an experiment: the compute ladder
+(`ladder/ladder.md`, written by `hires-hf ladder report`), the design sweep (`sweep/<shape>/sweep.md`, which
+decided the defaults), `cost/cost.json` and `gpu/gpu.json` (written by `python -m benchmarks`), the stability
+grids, and every other
 experiment's markdown; `archive/` keeps superseded runs, listed at the end. Each section names the command,
 machine and library versions that produced it, since sections may come from different runs.
 """
@@ -322,8 +323,8 @@ def render_gpu(gpu: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------- assembly
 # One folder an experiment under results/; these have sections of their own, in this order, every other folder's
 # markdown follows, and results/archive/ (superseded runs) is listed at the end.
-OWN_SECTIONS = ("sweep", "cost", "quality", "gpu", "stability")
-QUALITY_FRAGMENT = "quality/quality.md"
+OWN_SECTIONS = ("ladder", "sweep", "cost", "gpu", "stability")
+LADDER_FRAGMENT = "ladder/ladder.md"
 LINK = re.compile(r"(\]\()(?![a-z]+:|/|#)([^)]+)\)")  # a relative link or image: `](figure.png)`
 
 
@@ -369,6 +370,12 @@ def write_results(benchmarks_dir: Path = BENCHMARKS_DIR) -> Path:
         "the *plain twin* is that Llama as transformers ships it.",
         "",
     ]
+    ladder = results_dir / LADDER_FRAGMENT
+    parts.append(
+        fragment(ladder, results_dir)
+        if ladder.is_file()
+        else "## Compute ladder\n\nNot reported yet: `hires-hf ladder run`, then `hires-hf ladder report`.\n"
+    )
     sweeps = sorted((results_dir / "sweep").glob("*/sweep.md"))
     parts += [fragment(path, results_dir) for path in sweeps] or [
         "## Design sweep\n\nNot run yet: `python -m benchmarks.sweep` (see its docstring).\n"
@@ -377,14 +384,6 @@ def write_results(benchmarks_dir: Path = BENCHMARKS_DIR) -> Path:
         parts.append(render_cost(cost, cost_figures(cost, results_dir / "cost")))
     else:
         parts.append("## Cost half\n\nNot run yet: `python -m benchmarks --only cost`.\n")
-    quality = results_dir / QUALITY_FRAGMENT
-    if quality.is_file():
-        parts.append(fragment(quality, results_dir))
-    else:
-        parts.append(
-            "## Quality half\n\nNot run with the current defaults yet: `python -m benchmarks --only quality` (the "
-            "last run, before the stability fix, is in the archive below).\n"
-        )
     parts.append(
         render_gpu(gpu) if gpu else "## GPU\n\nNot run yet: `python -m benchmarks --only gpu` on a CUDA machine.\n"
     )

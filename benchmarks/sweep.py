@@ -38,6 +38,7 @@ from transformers import LlamaConfig
 
 from hires_hf.experiments.harness import (
     CONTROL,
+    DEFAULT_RATES,
     HIRES,
     PLAIN,
     Arm,
@@ -46,16 +47,18 @@ from hires_hf.experiments.harness import (
     Run,
     Shape,
     bracket_status,
+    execute,
     loss_at_flops,
+    plan_run,
     prepare_data,
     sweep_rates,
-    train_run,
 )
 from hires_hf.io import write_json_atomic, write_text_atomic
+from hires_hf.plotting import Curve, draw_loss_vs_flops, pyplot, save_figure
 from hires_hf.tables import markdown_table
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sweep"
-GRID = (2e-3, 4e-3, 8e-3)
+GRID = DEFAULT_RATES
 NEAR_WINNER = 0.1  # nats: cells this close to the winner get a second seed
 LONG = 4  # the length check trains this many times the budget
 GAP_POINTS = (1 / 8, 1 / 4, 1 / 2, 1)  # where along the long runs the gap is read
@@ -152,20 +155,20 @@ def load_runs(where: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def key(row: dict[str, Any]) -> tuple:
-    return (row["arm"], row["lr"], row["seed"], row.get("length", 1))
-
-
 class Recorder:
-    """Appends each finished run to this worker's jsonl (a run is never trained twice)."""
+    """Appends each finished run to this worker's jsonl; a run is reused only under the key of its full spec
+    (`hires_hf.experiments.runs`), so rows from before a change of default, shape rule or code are history that
+    the stages read but never pass off as done."""
 
     def __init__(self, where: Path, worker: int) -> None:
         where.mkdir(parents=True, exist_ok=True)
         self.path = where / f"runs-w{worker}.jsonl"
-        self.done = {key(row): row for row in load_runs(where)}
+        self.rows = load_runs(where)
+        self.done = {row["key"]: row for row in self.rows if row.get("key")}
 
     def add(self, row: dict[str, Any]) -> None:
-        self.done[key(row)] = row
+        self.done[row["key"]] = row
+        self.rows.append(row)
         with self.path.open("a") as handle:
             handle.write(json.dumps(row) + "\n")
 
@@ -175,12 +178,13 @@ def trainer(setup: Setup, data: Data, recorder: Recorder, arm: Arm, seed: int = 
     budget = Budget(flops=length * control_flops(setup, data), batch_size=setup.batch_size)
 
     def train(lr: float) -> Run:
-        found = recorder.done.get((arm.name, lr, seed, length))
+        plan = plan_run(arm, lr, setup.shape, data, budget, seed, evaluations=setup.evaluations)
+        found = recorder.done.get(plan.key)
         if found is not None:
-            return _as_run(found)
+            return Run.from_json(found)
         if bar is not None:
             bar.set_postfix_str(f"{arm.name} lr={lr:g} seed={seed} x{length}")
-        run = train_run(arm, lr, setup.shape, data, budget, seed=seed, evaluations=setup.evaluations)
+        run = execute(plan, data)
         recorder.add({**run.to_json(), "length": length, "fields": arm.fields, "kind": arm.kind})
         if bar is not None:
             bar.update(1)
@@ -195,8 +199,7 @@ def control_flops(setup: Setup, data: Data) -> float:
 
 
 def _as_run(row: dict[str, Any]) -> Run:
-    names = Run.__dataclass_fields__
-    return Run(**{name: row[name] for name in names})
+    return Run.from_json(row)
 
 
 # ---------------------------------------------------------------------------------------------------- stages
@@ -272,7 +275,7 @@ def run_stage(
     """Train this worker's share of the stage's jobs; `only` limits the grid and the seeds to the arms it names,
     `seed` is the seed the seeds stage adds (default 1) or the long stage runs (default LONG_SEEDS)."""
     recorder = Recorder(where, worker)
-    rows = list(recorder.done.values())
+    rows = list(recorder.rows)
     arms = {arm.name: arm for arm in [*factor_arms(setup.shape), *PEERS]}
     jobs: list[tuple[Arm, list[float], int, int, bool]] = []  # arm, rates, seed, length, extend
     if stage == "grid":
@@ -456,11 +459,7 @@ def report(setup: Setup, where: Path, command: str) -> str:
 
 
 def plot(rows: list[dict[str, Any]], where: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     summary = summarize(rows)
     fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5))
     colours = plt.get_cmap("tab20")
@@ -469,51 +468,32 @@ def plot(rows: list[dict[str, Any]], where: Path, title: str) -> None:
         run = next(
             _as_run(r) for r in rows if (r["arm"], r["lr"], r["seed"], r.get("length", 1)) == (arm, s["lr"], 0, 1)
         )
-        flops, losses = zip(*[(f, loss) for f, loss in run.curve if f > 0])
         style = {"color": "black", "linewidth": 2.5} if arm == "control" else {"color": colours(i % 20)}
-        left.plot(flops, losses, label=f"{arm} ({s['lr']:.3g})", **style)
+        draw_loss_vs_flops(
+            left, [Curve(f"{arm} ({s['lr']:.3g})", run.curve, style["color"], width=2.5 if arm == "control" else 1.5)]
+        )
         grid = sorted(
             (r["lr"], r["final_loss"]) for r in rows if r["arm"] == arm and r["seed"] == 0 and r.get("length", 1) == 1
         )
         right.plot(*zip(*grid), marker="o", label=arm, **style)
-    left.set(
-        xscale="log",
-        xlabel="counted training FLOPs",
-        ylabel="validation loss (nats)",
-        title=f"{title}: best rate per arm",
-    )
+    left.set_title(f"{title}: best rate per arm")
     left.set_ylim(top=min(7.0, left.get_ylim()[1]))
     right.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss", title="learning-rate grids")
     right.set_ylim(top=min(6.5, right.get_ylim()[1]))
     left.legend(fontsize=7)
     right.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(where / "sweep.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, where / "sweep.png")
     long_arms = sorted({r["arm"] for r in rows if r.get("length", 1) == LONG})
     if long_arms:
         fig, axis = plt.subplots(figsize=(7, 5))
-        for arm in long_arms:
-            for r in rows:
-                if r["arm"] == arm and r.get("length", 1) == LONG:
-                    flops, losses = zip(*[(f, loss) for f, loss in r["curve"] if f > 0])
-                    axis.plot(
-                        flops,
-                        losses,
-                        label=f"{arm} seed {r['seed']}",
-                        color="black" if arm == "control" else "tab:red",
-                        linestyle="-" if r["seed"] == 0 else "--",
-                    )
-        axis.set(
-            xscale="log",
-            xlabel="counted training FLOPs",
-            ylabel="validation loss (nats)",
-            title=f"{title}: {LONG}x the budget",
-        )
-        axis.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(where / "sweep_long.png", dpi=110)
-        plt.close(fig)
+        curves = [
+            Curve(f"{arm} seed {r['seed']}", r["curve"], "black" if arm == "control" else "tab:red", r["seed"] > 0)
+            for arm in long_arms
+            for r in rows
+            if r["arm"] == arm and r.get("length", 1) == LONG
+        ]
+        draw_loss_vs_flops(axis, curves, f"{title}: {LONG}x the budget")
+        save_figure(fig, where / "sweep_long.png")
 
 
 # ---------------------------------------------------------------------------------------------------- main

@@ -104,16 +104,14 @@ def test_the_command_line_is_the_same_from_any_directory(tmp_path) -> None:
 def test_every_sub_command_is_wired_in_the_commands_folder() -> None:
     """Library modules hold library code; every sub-command's argparse wiring is in hires_hf/commands/."""
     package = Path(cli.__file__).parent
-    # the two commands that move into commands/ with the experiments' redesign
-    later = {"experiments/cli.py", "training/ladder_cli.py"}
     wired = {
         str(path.relative_to(package))
         for path in package.rglob("*.py")
         if "def add_parsers(" in path.read_text() and path.parent.name != "commands"
     }
-    assert wired <= later, sorted(wired - later)
+    assert not wired, sorted(wired)
     outside = {name for name in cli.COMMAND_MODULES if not name.startswith("hires_hf.commands.")}
-    assert outside <= {"hires_hf.experiments.cli", "hires_hf.training.ladder_cli"}, outside
+    assert not outside, outside
 
 
 def test_command_defaults_are_the_library_defaults() -> None:
@@ -123,8 +121,8 @@ def test_command_defaults_are_the_library_defaults() -> None:
     from hires_hf.conversion.convert import convert
     from hires_hf.eval.harness import evaluate
     from hires_hf.eval.scaling import analyse
+    from hires_hf.experiments.demo import DemoSettings
     from hires_hf.publish import DEFAULT_SHARD_SIZE
-    from hires_hf.training.demo import DemoSettings
     from hires_hf.training.trainer import TrainSettings
 
     def defaults(function) -> dict:

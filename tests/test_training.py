@@ -296,26 +296,40 @@ def test_demo_smoke_writes_table_plot_and_loadable_models(tmp_path, capfd, caplo
 
 def test_demo_budget_fills_the_minutes_at_the_controls_timed_step(tokenizer, monkeypatch):
     """Three runs of the control's timed steps fill the minutes the reserve leaves; HiRes gets fewer steps."""
-    from hires_hf.experiments import harness
-    from hires_hf.training import demo
+    from hires_hf.experiments import demo, harness
 
-    monkeypatch.setattr(harness, "time_train_step", lambda *args: 0.5)  # 0.5 s a control step
+    monkeypatch.setattr(harness, "time_train_step", lambda *args, **kwargs: 0.5)  # 0.5 s a control step
     settings = demo.DemoSettings.smoke(smoke_steps=None, budget_minutes=2.0)
     blocks = torch.zeros(64, 32, dtype=torch.long)
     data = harness.Data(blocks, blocks[:4], tokenizer, unigram_loss=1.0, source="blocks")
     arms, shape = demo.demo_arms(), demo.demo_shape("tiny")
-    budget = demo.plan_budget(settings, arms, shape, data, spent_seconds=12.0)
+    budget = demo.demo_budget(settings, arms, shape, data, spent_seconds=12.0)
     seconds = 2.0 * 60 * (1 - demo.RESERVE) - 12.0
     steps = {arm.name: budget.steps(arm.flops_per_token(shape, data), data.context) for arm in arms}
     assert steps["control"] == steps["plain-twin"] == int(seconds / 3 / 0.5)
     assert steps["hires"] < steps["control"]
 
 
+def test_demo_budget_in_flops_is_the_same_on_any_machine(tokenizer, monkeypatch):
+    """The default budget is counted FLOPs: no clock is read, so the committed numbers reproduce anywhere."""
+    from hires_hf.experiments import demo, harness
+
+    def no_clock(*args, **kwargs):
+        raise AssertionError("a FLOP budget must not time anything")
+
+    monkeypatch.setattr(harness, "time_train_step", no_clock)
+    settings = demo.DemoSettings.smoke(smoke_steps=None)
+    blocks = torch.zeros(64, 32, dtype=torch.long)
+    data = harness.Data(blocks, blocks[:4], tokenizer, unigram_loss=1.0, source="blocks")
+    budget = demo.demo_budget(settings, demo.demo_arms(), demo.demo_shape("tiny"), data, spent_seconds=12.0)
+    assert budget.flops == demo.DemoSettings().budget_flops
+
+
 @pytest.mark.slow
 def test_demo_control_folder_is_the_trained_control(tmp_path):
     """The control trains with its embedding scale as a hook, which is not saved: the folder must hold it in its
     weights, so that the reloaded model scores the trained one's validation loss (and the plain twin's does not)."""
-    from hires_hf.training.demo import DemoSettings, demo_data, run_demo
+    from hires_hf.experiments.demo import DemoSettings, demo_data, run_demo
 
     settings = DemoSettings.smoke(downstream_limit=0)
     result = run_demo(tmp_path, settings)

@@ -394,14 +394,35 @@ _TINY = dict(
     layers_per_block=2,
 )
 
-# A dense ladder spanning ~10x in forward FLOPs (at 256 tokens of context), for scaling fits on a CPU.
-# Each rung is `d`, `L`; heads of 32 dims, D = 2d, k = 2, SwiGLU width ~8d/3.
-_LADDER = {
-    "ladder-1": (64, 4),
-    "ladder-2": (96, 4),
-    "ladder-3": (128, 6),
-    "ladder-4": (192, 8),
-}
+
+def shape_fields(
+    hidden_size: int,
+    num_hidden_layers: int,
+    layers_per_block: int = 4,
+    residual_ratio: float = 2.0,
+    head_dim: int | None = None,
+    vocab_size: int = 4096,
+) -> dict[str, Any]:
+    """The package's one rule from a size "d x L" to a config: heads of 64 from d = 128 up and of 32 below (so
+    that d = 64 and 96 still get 2 and 3 heads), a SwiGLU width of 8d/3 rounded up to a multiple of 8, D = 2d,
+    blocks of k = 4. The presets, `hires-hf compare --model DxL`, the sweep and the ladder all build shapes here."""
+    head_dim = head_dim or (64 if hidden_size >= 128 else 32)
+    head_dim = min(head_dim, hidden_size)
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=-(-8 * hidden_size // 24) * 8,  # ceil(8d/3 / 8) * 8
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=max(1, hidden_size // head_dim),
+        head_dim=head_dim,
+        residual_size=round(residual_ratio * hidden_size),
+        layers_per_block=layers_per_block,
+    )
+
+
+# A dense ladder for scaling fits on a CPU: three blocks of four layers at growing width (the compute ladder's rungs,
+# docs/research.md), and one wider.
+_LADDER = {"ladder-1": 64, "ladder-2": 96, "ladder-3": 128, "ladder-4": 192}
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": _TINY,
@@ -413,19 +434,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "qk_norm": "full",
         "router_z_loss_coef": 0.001,
     },
-    **{
-        name: dict(
-            vocab_size=4096,
-            hidden_size=d,
-            intermediate_size=int(8 * d / 3 / 8 + 1) * 8,
-            num_hidden_layers=layers,
-            num_attention_heads=d // 32,
-            max_position_embeddings=1024,
-            residual_size=2 * d,
-            layers_per_block=2,
-        )
-        for name, (d, layers) in _LADDER.items()
-    },
+    **{name: {**shape_fields(d, 12), "max_position_embeddings": 1024} for name, d in _LADDER.items()},
     # The released OLMoE-1B-7B shape, made HiRes with D = 2d and k = 4.
     "olmoe-1b-7b": dict(
         vocab_size=50304,
@@ -456,4 +465,4 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-__all__ = ["PRESETS", "WRITE_BASE_WIDTH", "HiResConfig"]
+__all__ = ["PRESETS", "WRITE_BASE_WIDTH", "HiResConfig", "shape_fields"]

@@ -7,7 +7,16 @@ matplotlib is imported only when a figure is drawn: importing a module that can 
 
 from __future__ import annotations
 
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+# One colour an architecture, in every figure: the baseline black, HiRes red, the plain twin grey.
+ARM_COLOURS = {"control": "black", "hires": "tab:red", "plain-twin": "tab:gray"}
 
 
 def pyplot() -> ModuleType:
@@ -20,4 +29,60 @@ def pyplot() -> ModuleType:
     return plt
 
 
-__all__ = ["pyplot"]
+@dataclass(frozen=True)
+class Curve:
+    """One line of a loss-vs-FLOPs figure: (counted training FLOPs, validation loss) points and how to draw them."""
+
+    label: str | None
+    points: Sequence[tuple[float, float]]
+    colour: str | None = None
+    dashed: bool = False
+    marker: str | None = None
+    width: float = 1.5
+
+
+def draw_loss_vs_flops(axis: Any, curves: Sequence[Curve], title: str | None = None) -> None:
+    """The package's one loss-vs-compute axes: log FLOPs, loss in nats, a legend; the step-0 point left out."""
+    for curve in curves:
+        points = [(f, loss) for f, loss in curve.points if f > 0]
+        if not points:
+            continue
+        flops, losses = zip(*points, strict=True)
+        axis.plot(
+            flops,
+            losses,
+            label=curve.label,
+            color=curve.colour or ARM_COLOURS.get(curve.label or ""),
+            linestyle="--" if curve.dashed else "-",
+            marker=curve.marker,
+            markersize=4,
+            linewidth=curve.width,
+        )
+    axis.set(xscale="log", xlabel="counted training FLOPs", ylabel="validation loss (nats)")
+    if title:
+        axis.set_title(title, fontsize=9, wrap=True)
+    axis.grid(alpha=0.3)
+    if any(curve.label for curve in curves):
+        axis.legend(fontsize=7)
+
+
+def save_figure(figure: Any, path: str | os.PathLike, dpi: int = 110) -> Path:
+    """Write `figure` as a PNG through a temporary sibling and a rename, then close it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
+    os.close(handle)
+    try:
+        figure.tight_layout()
+        figure.savefig(temporary, dpi=dpi)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    finally:
+        pyplot().close(figure)
+    return path
+
+
+__all__ = ["ARM_COLOURS", "Curve", "draw_loss_vs_flops", "pyplot", "save_figure"]

@@ -18,10 +18,10 @@ import torch
 from ..configuration_hires import PRESETS
 from ..diagnostics import DiagnosticsCallback
 from ..errors import HiResUserError
-from ..experiments.harness import pack_splits
 from ..io import ensure_writable, staged_folder
 from ..loading import load_config, with_overrides
 from ..training.data import Corpus, PackedDataset, load_default_corpus, load_hub_dataset, load_text_files
+from ..training.prepare import pack_splits
 from ..training.tokenizer import build_tokenizer, load_tokenizer, save_tokenizer, special_token_ids
 from ..training.trainer import TrainSettings, require_checkpoint, sharding_config, train_model
 from . import default, set_threads

@@ -6,11 +6,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from ..plotting import pyplot
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
+plt = pyplot()  # a leaf module that only draws: selecting the file-only backend on import is its job
+from matplotlib.ticker import MaxNLocator  # noqa: E402  (after the backend is chosen)
 
 # What a healthy model looks like on these probes (docs/stability.md): a stream that carries its tokens has a
 # small shared fraction (~0.1; 1 means every token carries the same vector), and a block adds to the stream

@@ -27,10 +27,12 @@ from ..configuration_hires import HiResConfig
 from ..errors import HiResUserError
 from ..io import write_json_atomic
 from ..loading import load_config
+from ..plotting import ARM_COLOURS, Curve, draw_loss_vs_flops, pyplot, save_figure
 from ..tables import markdown_table
 from ..training.loop import pick_device
 from .harness import (
     CONTROL,
+    DEFAULT_RATES,
     HIRES,
     Arm,
     Budget,
@@ -40,14 +42,13 @@ from .harness import (
     baseline_arms,
     best_run,
     loss_at_flops,
+    plan_budget,
     prepare_data,
     save_model,
     sweep_rates,
-    timed_budget,
     train_run,
 )
 
-DEFAULT_RATES = (1e-3, 2e-3, 4e-3)
 SHAPE = re.compile(r"^\d+x\d+$")
 RUNS_PER_ARM = 4  # the planning guess for a grid of three plus one extension
 
@@ -72,7 +73,7 @@ class CompareSettings:
     evaluations: int = 8
     device: str = "auto"
     threads: int | None = None
-    smoke: bool = False
+    precision: str = "auto"  # bf16 where bf16 matmuls are native, else fp32; or "bf16" / "fp32"
 
 
 @dataclass
@@ -112,28 +113,28 @@ def load_hires_config(model: str, vocab_size: int | None = None) -> HiResConfig:
     return config
 
 
-def plan_budget(
-    settings: CompareSettings, shape: Shape, data: Data, arms: Sequence[Arm], device: torch.device
-) -> Budget:
-    """Counted FLOPs per run: given, or what the wall-clock budget buys at the control's measured speed spread
-    over the runs the comparison expects (RUNS_PER_ARM per arm, plus the extra seeds)."""
+def budget_of(settings: CompareSettings, shape: Shape, data: Data, arms: Sequence[Arm], device: torch.device) -> Budget:
+    """Counted FLOPs per run (the harness's planner): given, or what the wall-clock budget buys at the control's
+    measured speed, shared over the runs the comparison expects (RUNS_PER_ARM per arm, plus the extra seeds)."""
     control = next(a for a in arms if a.kind == CONTROL)
-    tokens_per_step = settings.batch_size * data.context
-    if settings.budget_flops is not None:
-        flops = settings.budget_flops
-    elif settings.budget_tokens is not None:
-        flops = settings.budget_tokens * control.flops_per_token(shape, data)
-    else:
-        runs = len(arms) * (RUNS_PER_ARM + settings.seeds - 1)
-        seconds = settings.budget_minutes * 60
-        flops = timed_budget(control, shape, data, settings.batch_size, seconds, runs, device).flops
-    budget = Budget(flops=flops, batch_size=settings.batch_size)
+    budget = plan_budget(
+        control,
+        shape,
+        data,
+        settings.batch_size,
+        flops=settings.budget_flops,
+        tokens=None if settings.budget_flops else settings.budget_tokens,
+        minutes=None if settings.budget_flops or settings.budget_tokens else settings.budget_minutes,
+        runs=len(arms) * (RUNS_PER_ARM + settings.seeds - 1),
+        device=device,
+        precision=settings.precision,
+    )
     for arm in arms:
         if budget.steps(arm.flops_per_token(shape, data), data.context) < 1:
-            need = arm.flops_per_token(shape, data) * tokens_per_step
+            need = arm.flops_per_token(shape, data) * settings.batch_size * data.context
             raise HiResUserError(
-                f"The budget ({flops:.3g} FLOPs a run) buys less than one step of {arm.name} ({need:.3g} FLOPs): "
-                "raise the budget, or lower --batch-size / --context."
+                f"The budget ({budget.flops:.3g} FLOPs a run) buys less than one step of {arm.name} ({need:.3g} "
+                "FLOPs): raise the budget, or lower --batch-size / --context."
             )
     return budget
 
@@ -203,7 +204,7 @@ def compare(settings: CompareSettings, out: Path | None = None, progress: bool =
         progress=progress,
     )
     arms = [Arm("hires", HIRES), *baseline_arms(settings.plain_twin)]
-    budget = plan_budget(settings, shape, data, arms, device)
+    budget = budget_of(settings, shape, data, arms, device)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".compare-", dir=(out.parent if out else None)))
@@ -244,7 +245,9 @@ def _train_all(
                 bar.set_postfix_str(f"{arm.name} lr={lr:g} seed={seed}")
                 folder = staging / "runs" / arm.name / f"lr{lr:g}-seed{seed}"
                 keep = (lambda model: save_model(model, arm, shape, data, folder)) if seed == 0 else None
-                run = train_run(arm, lr, shape, data, budget, seed, device, settings.evaluations, keep=keep)
+                run = train_run(
+                    arm, lr, shape, data, budget, seed, device, settings.evaluations, settings.precision, keep=keep
+                )
                 result.runs.append(run)
                 if progress:
                     bar.write(f"{arm.name} lr={lr:g} seed={seed}: {run.final_loss:.3f} after {run.steps} steps")
@@ -295,24 +298,15 @@ def table(summary: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, ArmResult], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colours = {"hires": "tab:red", "control": "black", "plain-twin": "tab:gray"}
-    fig, axis = plt.subplots(figsize=(8, 5))
-    for name, result in results.items():
-        for run in result.at_best:
-            flops, losses = zip(*[(f, loss) for f, loss in run.curve if f > 0], strict=True)
-            label = f"{name} (lr {run.lr:g})" if run.seed == 0 else None
-            axis.plot(flops, losses, color=colours.get(name), linestyle="-" if run.seed == 0 else "--", label=label)
-    axis.set(xscale="log", xlabel="counted training FLOPs", ylabel="validation loss (nats)")
-    axis.set_title(title, fontsize=8, wrap=True)
-    axis.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """Each architecture's seeds at its best rate (seed 0 solid, the others dashed)."""
+    curves = [
+        Curve(f"{name} (lr {run.lr:g})" if run.seed == 0 else None, run.curve, ARM_COLOURS.get(name), run.seed > 0)
+        for name, result in results.items()
+        for run in result.at_best
+    ]
+    figure, axis = pyplot().subplots(figsize=(8, 5))
+    draw_loss_vs_flops(axis, curves, title)
+    save_figure(figure, path)
 
 
 __all__ = ["CompareSettings", "compare", "load_hires_config", "table", "verdict"]

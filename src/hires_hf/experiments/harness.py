@@ -4,15 +4,20 @@ Every comparison the package makes (`hires-hf compare`, the design sweep, the la
 is a short list of *arms* handed to this module. What it fixes, so that numbers from different commands mean the
 same thing:
 
-- one data path: a corpus (the embedded stdlib sample, Python sources, or a user's jsonl / text files), one
-  byte-level BPE tokenizer, documents packed into blocks, a fixed validation slice, its unigram cross-entropy;
-- one shape -> config rule (`Shape`): heads of `head_dim`, SwiGLU width ~8d/3 rounded up to a multiple of 8;
-- one budget: every arm trains for the same counted training FLOPs (`hires_hf.accounting`), so an arm that
+- one data path (`hires_hf.training.prepare`): a corpus (the embedded stdlib sample, Python sources, or a user's
+  jsonl / text files), one byte-level BPE tokenizer, documents packed into blocks, a fixed validation slice;
+- one shape -> config rule (`Shape`, built on `hires_hf.configuration_hires.shape_fields`, which the presets use
+  too);
+- one budget planner (`plan_budget`: counted FLOPs, control tokens, control steps or minutes of the control's
+  measured speed): every arm trains for the same counted training FLOPs (`hires_hf.accounting`), so an arm that
   costs more per token takes fewer steps;
 - one loop and schedule (`hires_hf.training.loop`): AdamW, transformers' cosine-with-min-lr, the same batches
-  in the same order for every arm under one seed;
-- one learning-rate rule: each arm gets its own grid, extended by factors of 2 until its best rate has a worse
-  rate on both sides (bracketed), or flagged when the extension limit is reached.
+  in the same order for every arm under one seed, bf16 autocast where bf16 matmuls are native, compiled when
+  the run is long enough to repay it;
+- one run record (`hires_hf.experiments.runs.Run`): the result with the full spec that made it, stored and
+  found by the spec's hash (`RunStore`), checkpointed while it trains;
+- one learning-rate rule: each arm gets its own grid (`DEFAULT_RATES`), extended by factors of 2 until its best
+  rate has a worse rate on both sides (bracketed), or flagged when the extension limit is reached.
 
 The baseline is the *control*: the Llama twin with its embedding output scaled like HiRes's
 (`embedding_multiplier`), the strongest simple vanilla we know. The plain transformers twin is a second row.
@@ -22,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,19 +34,33 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedConfig, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedConfig
 
 from ..accounting import train_flops_per_token
-from ..configuration_hires import HiResConfig
+from ..configuration_hires import HiResConfig, shape_fields
 from ..errors import HiResUserError
-from ..training.data import Corpus, load_default_corpus, load_python_sources, load_text_files, pack
-from ..training.loop import LoopResult, LoopSettings, time_train_step, train_loop
-from ..training.tokenizer import build_tokenizer, encode_documents, save_tokenizer, special_token_ids
+from ..training import loop
+from ..training.loop import (
+    ADAM_BETAS,
+    MIN_LR_RATE,
+    SCHEDULE,
+    WARMUP_FRACTION,
+    LoopResult,
+    LoopSettings,
+    resolve_precision,
+    should_compile,
+    time_train_step,
+    train_loop,
+)
+from ..training.prepare import Data, prepare_data
+from ..training.tokenizer import save_tokenizer
 from ..twins import scale_twin_embedding, vanilla_config
+from .runs import Run, RunStore, arm_source, code_fingerprint, git_commit, resolved_config, spec_key, versions
 
 HIRES, CONTROL, PLAIN = "hires", "control", "plain"
 SPECIAL_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 FIELDS = set(HiResConfig.__dataclass_fields__) - {"model_type", "transformers_version"}  # a shape's carry-over
+DEFAULT_RATES = (2e-3, 4e-3, 8e-3)  # every arm's starting grid (x2 apart), extended until bracketed
 LR_STEP = 2.0  # grid spacing (x2) and the step of each extension
 MAX_EXTENSIONS = 3  # per side: a best rate still at an edge after these is flagged, not hidden
 
@@ -56,9 +74,9 @@ class Shape:
     num_hidden_layers: int = 16
     layers_per_block: int = 4
     residual_ratio: float = 2.0  # D / d
-    head_dim: int = 64
+    head_dim: int | None = None  # None: the shape rule's (64 from d = 128 up, 32 below)
     vocab_size: int = 4096
-    intermediate_size: int | None = None  # None: ~8d/3 rounded up to a multiple of 8
+    intermediate_size: int | None = None  # None: the shape rule's ~8d/3
     overrides: tuple[tuple[str, Any], ...] = ()  # further HiResConfig fields (a user's config), applied last
 
     @classmethod
@@ -80,11 +98,13 @@ class Shape:
 
     @classmethod
     def parse(cls, text: str, **fields: Any) -> Shape:
-        """ "DxL" (e.g. "128x16") -> Shape(hidden_size=128, num_hidden_layers=16, ...)."""
+        """ "DxL" (e.g. "128x16") -> Shape(hidden_size=128, num_hidden_layers=16, ...): the package's one parser."""
         try:
             width, depth = (int(part) for part in text.lower().split("x"))
         except ValueError:
             raise HiResUserError(f"Invalid shape {text!r}: write it as WIDTHxLAYERS, e.g. 128x16.") from None
+        if width < 1 or depth < 1:
+            raise HiResUserError(f"Invalid shape {text!r}: width and layers must be positive, e.g. 128x16.")
         return cls(hidden_size=width, num_hidden_layers=depth, **fields)
 
     @property
@@ -93,92 +113,18 @@ class Shape:
 
     def config(self, special: dict[str, int | None], context: int, **fields: Any) -> HiResConfig:
         """The HiRes config of this shape; `fields` override any HiResConfig field (D, k included)."""
-        d = self.hidden_size
-        head_dim = min(self.head_dim, d)
-        base = dict(
-            vocab_size=self.vocab_size,
-            hidden_size=d,
-            intermediate_size=self.intermediate_size or math.ceil(8 * d / 3 / 8) * 8,
-            num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=max(1, d // head_dim),
-            head_dim=head_dim,
-            max_position_embeddings=max(2 * context, 256),
-            residual_size=round(self.residual_ratio * d),
-            layers_per_block=self.layers_per_block,
+        base = shape_fields(
+            self.hidden_size,
+            self.num_hidden_layers,
+            self.layers_per_block,
+            self.residual_ratio,
+            self.head_dim,
+            self.vocab_size,
         )
+        if self.intermediate_size:
+            base["intermediate_size"] = self.intermediate_size
+        base["max_position_embeddings"] = max(2 * context, 256)
         return HiResConfig(**{**base, **dict(self.overrides), **special, **fields})
-
-
-# ---------------------------------------------------------------------------------------------------- data
-@dataclass
-class Data:
-    """Packed train / validation blocks of one corpus under one tokenizer."""
-
-    train: torch.Tensor
-    validation: torch.Tensor
-    tokenizer: PreTrainedTokenizerBase
-    unigram_loss: float
-    source: str
-
-    @property
-    def special(self) -> dict[str, int | None]:
-        return special_token_ids(self.tokenizer)
-
-    @property
-    def context(self) -> int:
-        return self.train.shape[1]
-
-
-def load_corpus(source: str | Path | Sequence[str | Path], max_chars: int | None, validation_fraction: float) -> Corpus:
-    """ "stdlib" (embedded sample), "python" (this machine's Python sources), or files / folders of text / jsonl."""
-    if source == "stdlib":
-        return load_default_corpus(validation_fraction=validation_fraction, max_chars=max_chars)
-    if source == "python":
-        return load_python_sources(validation_fraction=validation_fraction, max_chars=max_chars)
-    paths = [source] if isinstance(source, str | Path) else list(source)
-    return load_text_files(paths, validation_fraction=validation_fraction, max_chars=max_chars)
-
-
-def prepare_data(
-    source: str | Path | Sequence[str | Path],
-    vocab_size: int,
-    context: int,
-    max_chars: int | None = 12_000_000,
-    validation_fraction: float = 0.01,
-    eval_blocks: int = 64,
-    progress: bool = True,
-) -> Data:
-    """One corpus, one tokenizer trained on its training split, packed blocks, a fixed validation slice."""
-    corpus = load_corpus(source, max_chars, validation_fraction)
-    tokenizer = build_tokenizer(corpus.train, vocab_size=vocab_size, sample_chars=2_000_000)
-    train, validation = pack_splits(corpus, tokenizer, context, eval_blocks, progress)
-    if len(train) == 0 or len(validation) == 0:
-        raise HiResUserError(
-            f"Too little text in {source}: {len(train)} training and {len(validation)} validation blocks of "
-            f"{context} tokens; give more text or a shorter --context."
-        )
-    return Data(train, validation, tokenizer, unigram_loss(train, validation), str(source))
-
-
-def pack_splits(
-    corpus: Corpus, tokenizer: PreTrainedTokenizerBase, context: int, eval_blocks: int | None, progress: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train, validation) blocks of `context` tokens, documents separated by eos; validation cut to its first
-    `eval_blocks` (None: all). The one packing rule: `hires-hf train` uses it with its own corpus and tokenizer."""
-    eos = tokenizer.eos_token_id
-    train = pack(encode_documents(tokenizer, corpus.train, progress=progress), context, eos)
-    validation = pack(encode_documents(tokenizer, corpus.validation, progress=progress), context, eos)
-    return train, validation[:eval_blocks]
-
-
-def unigram_loss(train: torch.Tensor, validation: torch.Tensor) -> float:
-    """Cross-entropy (nats/token) of the validation tokens under the training tokens' add-one unigram
-    distribution: what a model that ignores its input reaches (the plateau a stalled run sits on)."""
-    counts = Counter(train.flatten().tolist())
-    vocab = max(int(train.max()), int(validation.max())) + 1
-    total = sum(counts.values()) + vocab
-    targets = validation[:, 1:].flatten().tolist()  # the model is scored from the second token on
-    return -sum(math.log((counts.get(t, 0) + 1) / total) for t in targets) / len(targets)
 
 
 # ---------------------------------------------------------------------------------------------------- arms
@@ -238,34 +184,119 @@ class Budget:
         return int(self.flops // (flops_per_token * self.batch_size * context))
 
 
-def timed_budget(
-    control: Arm, shape: Shape, data: Data, batch_size: int, seconds: float, runs: int, device: torch.device
+def plan_budget(
+    control: Arm,
+    shape: Shape,
+    data: Data,
+    batch_size: int,
+    *,
+    flops: float | None = None,
+    tokens: float | None = None,
+    steps: int | None = None,
+    minutes: float | None = None,
+    runs: float = 1.0,
+    device: torch.device | str = "cpu",
+    precision: str = "auto",
 ) -> Budget:
-    """The FLOPs per run that buy `runs` runs in `seconds`, at the control's measured step time (every arm is
-    counted at the control's seconds per FLOP: the budget is the baseline's)."""
-    step_seconds = time_train_step(control.config(shape, data), batch_size, data.context, device)
-    step_flops = control.flops_per_token(shape, data) * batch_size * data.context
-    return Budget(flops=seconds / runs / step_seconds * step_flops, batch_size=batch_size)
+    """The package's one budget planner: counted training FLOPs per run, from exactly one of
+    - `flops`: as given;
+    - `tokens` / `steps`: what that many tokens / optimizer steps of the control cost;
+    - `minutes`: what the control's measured step time buys, the minutes shared over `runs` runs (a caller that
+      keeps time back for evaluation or saving counts it as extra runs).
+    Every arm is then trained for the same FLOPs: one that costs more per token takes fewer steps."""
+    given = {"flops": flops, "tokens": tokens, "steps": steps, "minutes": minutes}
+    chosen = [name for name, value in given.items() if value is not None]
+    if len(chosen) != 1:
+        raise HiResUserError(f"Give exactly one budget (FLOPs, tokens, steps or minutes); got {chosen or 'none'}.")
+    value = float(given[chosen[0]])
+    if value <= 0:
+        raise HiResUserError(f"The budget must be positive; got {chosen[0]}={value:g}.")
+    per_token = control.flops_per_token(shape, data)
+    tokens_per_step = batch_size * data.context
+    if flops is not None:
+        total = value
+    elif tokens is not None:
+        total = value * per_token
+    elif steps is not None:
+        total = value * tokens_per_step * per_token
+    else:
+        device = torch.device(device)
+        config, precision = control.config(shape, data), resolve_precision(device, precision)
+        seconds = time_train_step(config, batch_size, data.context, device, precision=precision)
+        total = value * 60 / runs / seconds * tokens_per_step * per_token
+    return Budget(flops=total, batch_size=batch_size)
 
 
 # ---------------------------------------------------------------------------------------------------- runs
-@dataclass
-class Run:
-    """One trained arm at one peak learning rate and seed."""
+def recipe(settings: LoopSettings) -> dict[str, Any]:
+    """The loop's settings and the optimiser / schedule constants: the training half of a run's spec."""
+    constants = {"adam_betas": ADAM_BETAS, "warmup_fraction": WARMUP_FRACTION, "schedule": SCHEDULE}
+    return {**asdict(settings), **constants, "min_lr_rate": MIN_LR_RATE}
 
-    arm: str
-    lr: float
-    seed: int
-    steps: int
-    flops_per_token: float
-    final_loss: float
-    curve: list[tuple[float, float]]  # (counted training FLOPs, validation loss)
-    seconds: float
-    tokens_per_second: float
-    diverged: bool
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+def run_spec(
+    arm: Arm, shape: Shape, data: Data, budget: Budget, settings: LoopSettings, device: torch.device
+) -> dict[str, Any]:
+    """Everything that decides a run's result (hires_hf.experiments.runs says why each part is there)."""
+    config = arm.config(shape, data)
+    return {
+        "device": device.type,  # CPU and GPU kernels round differently: a GPU run is a run of its own
+        "arm": {"name": arm.name, "kind": arm.kind, "class": type(arm).__name__, "fields": arm.fields},
+        "config": resolved_config(config),
+        # the control's one departure from its Llama config: the embedding scale it trains with
+        "embedding_scale": control_multiplier(arm.hires_config(shape, data)) if arm.kind == CONTROL else None,
+        "budget": asdict(budget),
+        "recipe": recipe(settings),
+        "data": data.spec,
+        "code": code_fingerprint(TRAINING_FUNCTIONS, arm.kind == HIRES, arm_source(arm)),
+        "versions": versions(),
+    }
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run about to be trained (or found in a store): what it trains and the key its spec hashes to."""
+
+    arm: Arm
+    shape: Shape
+    budget: Budget
+    settings: LoopSettings
+    spec: dict[str, Any]
+    key: str
+
+
+def plan_run(
+    arm: Arm,
+    lr: float,
+    shape: Shape,
+    data: Data,
+    budget: Budget,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    evaluations: int = 8,
+    precision: str = "auto",
+    compile: str = "auto",
+) -> RunPlan:
+    """The loop settings and spec of one run: every choice resolved (precision, compile, steps) before training."""
+    device = torch.device(device)
+    flops_per_token = arm.flops_per_token(shape, data)
+    steps = budget.steps(flops_per_token, data.context)
+    if steps < 1:
+        raise HiResUserError(
+            f"The budget ({budget.flops:.3g} FLOPs) is less than one step of {arm.name} "
+            f"({flops_per_token * budget.batch_size * data.context:.3g} FLOPs): raise the budget or shrink the batch."
+        )
+    settings = LoopSettings(
+        steps=steps,
+        batch_size=budget.batch_size,
+        learning_rate=lr,
+        evaluations=evaluations,
+        seed=seed,
+        precision=resolve_precision(device, precision),
+        compile=should_compile(budget.flops, device, compile),
+    )
+    spec = run_spec(arm, shape, data, budget, settings, device)
+    return RunPlan(arm, shape, budget, settings, spec, spec_key(spec))
 
 
 def train_run(
@@ -278,37 +309,44 @@ def train_run(
     device: torch.device | str = "cpu",
     evaluations: int = 8,
     precision: str = "auto",
+    compile: str = "auto",
+    store: RunStore | None = None,
     keep: Callable[[nn.Module], None] | None = None,
     **hooks: Callable[..., None],
 ) -> Run:
-    """Train `arm` at peak `lr` for the budget's FLOPs; `keep(model)` sees the trained model (to save it);
-    `hooks` (`on_step`, `before_update`, `after_update`) go to the loop: a progress bar, diagnostics."""
-    flops_per_token = arm.flops_per_token(shape, data)
-    steps = budget.steps(flops_per_token, data.context)
-    if steps < 1:
-        raise HiResUserError(
-            f"The budget ({budget.flops:.3g} FLOPs) is less than one step of {arm.name} "
-            f"({flops_per_token * budget.batch_size * data.context:.3g} FLOPs): raise the budget or shrink the batch."
-        )
-    torch.manual_seed(seed)
-    model = arm.model(shape, data).to(device)
-    settings = LoopSettings(
-        steps=steps,
-        batch_size=budget.batch_size,
-        learning_rate=lr,
-        evaluations=evaluations,
-        seed=seed,
-        precision=precision,
-    )
-    result: LoopResult = train_loop(model, data.train, data.validation, settings, **hooks)
+    """Train `arm` at peak `lr` for the budget's FLOPs, or return the stored run of the same spec from `store`
+    (which also checkpoints the run while it trains, and resumes it). `keep(model)` sees the trained model (to
+    save it; a stored run is trained again when `keep` is given); `hooks` (`on_step`, `before_update`,
+    `after_update`) go to the loop."""
+    plan = plan_run(arm, lr, shape, data, budget, seed, device, evaluations, precision, compile)
+    return execute(plan, data, device, store, keep, **hooks)
+
+
+def execute(
+    plan: RunPlan,
+    data: Data,
+    device: torch.device | str = "cpu",
+    store: RunStore | None = None,
+    keep: Callable[[nn.Module], None] | None = None,
+    **hooks: Callable[..., None],
+) -> Run:
+    """Train a planned run (or return it from `store`); the record carries the plan's spec and key."""
+    if store is not None and keep is None and (stored := store.get(plan.key)) is not None:
+        return stored
+    settings, arm = plan.settings, plan.arm
+    torch.manual_seed(settings.seed)
+    model = arm.model(plan.shape, data).to(device)
+    checkpoint = store.checkpoint(plan.key) if store is not None else None
+    result: LoopResult = train_loop(model, data.train, data.validation, settings, checkpoint=checkpoint, **hooks)
     if keep is not None:
         keep(model)
-    tokens_per_step = budget.batch_size * data.context
+    flops_per_token = arm.flops_per_token(plan.shape, data)
+    tokens_per_step = settings.batch_size * data.context
     curve = [(step * tokens_per_step * flops_per_token, loss) for step, loss in result.curve]
-    return Run(
+    run = Run(
         arm.name,
-        lr,
-        seed,
+        settings.learning_rate,
+        settings.seed,
         result.steps,
         flops_per_token,
         result.final_loss,
@@ -316,7 +354,29 @@ def train_run(
         result.train_seconds,
         result.tokens_per_second,
         result.diverged,
+        key=plan.key,
+        spec=plan.spec,
+        commit=git_commit(),
     )
+    if store is not None:
+        store.put(run)
+    return run
+
+
+# The code a run's result depends on beyond what its spec records (`hires_hf.experiments.runs` explains).
+TRAINING_FUNCTIONS = (
+    loop.train_loop,
+    loop.build_optimizer,
+    loop.build_scheduler,
+    loop.evaluate,
+    loop.batch_order,
+    loop.autocast,
+    loop._evaluation_steps,
+    Arm.model,
+    control_multiplier,
+    scale_twin_embedding,
+    execute,
+)
 
 
 def save_model(model: nn.Module, arm: Arm, shape: Shape, data: Data, folder: Path) -> None:
@@ -353,15 +413,33 @@ def bracket_status(losses: dict[float, float]) -> str:
     return "bracketed"
 
 
-def next_rate(losses: dict[float, float]) -> float | None:
-    """The rate to try next so that the best is bracketed (x2 past the edge it sits at); None when it is."""
+def tidy_rate(lr: float) -> float:
+    """A rate rounded to 4 significant digits: the same rate whichever way it was reached (x sqrt(2) twice or x 2)."""
+    return float(f"{lr:.4g}")
+
+
+def next_rate(losses: dict[float, float], step: float = LR_STEP) -> float | None:
+    """The rate to try next so that the best is bracketed (x `step` past the edge it sits at); None when it is."""
     status = bracket_status(losses)
     rates = sorted(losses)
     if status == "high edge":
-        return rates[-1] * LR_STEP
+        return tidy_rate(rates[-1] * step)
     if status == "low edge":
-        return rates[0] / LR_STEP
+        return tidy_rate(rates[0] / step)
     return None
+
+
+def pending_rates(
+    rates: Sequence[float], losses: dict[float, float], step: float = LR_STEP, max_extensions: int = MAX_EXTENSIONS
+) -> list[float]:
+    """The rates still to train so that the best of `losses` is bracketed: the grid's missing ones, else the next
+    extension (x `step` past the edge the best sits at), else none (bracketed, or `max_extensions` spent)."""
+    missing = [lr for lr in rates if not any(math.isclose(lr, done, rel_tol=1e-9) for done in losses)]
+    if missing:
+        return missing
+    extensions = len(losses) - len(rates)
+    rate = next_rate(losses, step) if extensions < max_extensions else None
+    return [] if rate is None else [rate]
 
 
 def sweep_rates(
@@ -369,18 +447,14 @@ def sweep_rates(
     rates: Sequence[float],
     done: Sequence[Run] = (),
     max_extensions: int = MAX_EXTENSIONS,
+    step: float = LR_STEP,
 ) -> tuple[list[Run], str]:
-    """Train at each of `rates` (skipping those in `done`), then extend by x2 until the best is bracketed or
-    `max_extensions` more rates were tried; returns every run and the final bracket status."""
+    """Train at each of `rates` (skipping those in `done`), then extend by x `step` until the best is bracketed
+    or `max_extensions` more rates were tried; returns every run and the final bracket status."""
     runs = {run.lr: run for run in done}
-    for lr in rates:
-        if lr not in runs:
+    while todo := pending_rates(rates, {lr: run.final_loss for lr, run in runs.items()}, step, max_extensions):
+        for lr in todo:
             runs[lr] = train(lr)
-    for _ in range(max_extensions):
-        rate = next_rate({lr: run.final_loss for lr, run in runs.items()})
-        if rate is None:
-            break
-        runs[rate] = train(rate)
     status = bracket_status({lr: run.final_loss for lr, run in runs.items()})
     return sorted(runs.values(), key=lambda run: run.lr), status
 
@@ -399,25 +473,30 @@ def loss_at_flops(run: Run, flops: float) -> float:
 
 __all__ = [
     "CONTROL",
+    "DEFAULT_RATES",
     "HIRES",
     "PLAIN",
     "Arm",
     "Budget",
     "Data",
     "Run",
+    "RunPlan",
+    "RunStore",
     "Shape",
     "baseline_arms",
     "best_run",
     "bracket_status",
     "control_multiplier",
-    "load_corpus",
+    "execute",
     "loss_at_flops",
     "next_rate",
-    "pack_splits",
+    "pending_rates",
+    "plan_budget",
+    "plan_run",
     "prepare_data",
+    "run_spec",
     "save_model",
     "sweep_rates",
-    "timed_budget",
+    "tidy_rate",
     "train_run",
-    "unigram_loss",
 ]

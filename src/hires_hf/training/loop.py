@@ -280,7 +280,12 @@ def _evaluation_steps(settings: LoopSettings) -> set[int]:
 
 
 def time_train_step(
-    config: PreTrainedConfig, batch_size: int, block_size: int, device: torch.device | str = "cpu", steps: int = 3
+    config: PreTrainedConfig,
+    batch_size: int,
+    block_size: int,
+    device: torch.device | str = "cpu",
+    steps: int = 3,
+    precision: str = "auto",
 ) -> float:
     """Seconds per optimizer step of a throw-away model built on `device` (after one warm-up step, timed
     between device synchronisations, with the loop's autocast): turns a wall-clock budget into steps."""
@@ -292,7 +297,7 @@ def time_train_step(
         if step == 1:
             synchronize(device)
             start = time.perf_counter()
-        with autocast(device):
+        with autocast(device, precision):
             loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         optimizer.step()

@@ -1,4 +1,4 @@
-"""`hires-hf compare`: argument parsing and the printed verdict; the work is in compare.py."""
+"""`hires-hf compare`: argument parsing and the printed verdict; the work is in `hires_hf.experiments.compare`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import HiResUserError
-from .compare import DEFAULT_RATES, CompareSettings, compare, table
+from ..experiments.compare import CompareSettings, compare, table
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -32,6 +32,7 @@ def run_compare(args: argparse.Namespace) -> int:
         max_chars=args.max_chars,
         device=args.device,
         threads=args.threads,
+        precision=args.precision,
     )
     if args.smoke:  # tiny data, steps and grid; an explicit --budget-flops still counts (tests of its check)
         settings = replace(
@@ -62,21 +63,28 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "run, each over its own learning-rate grid extended by x2 until its best rate is bracketed, then --seeds "
         "seeds at each best rate. Prints one verdict line.",
     )
-    parser.add_argument("--data", nargs="+", default=["stdlib"], help="jsonl / text files or folders, or 'stdlib'")
+    d = CompareSettings()  # every default below is the library's
+    parser.add_argument("--data", nargs="+", default=list(d.data), help="jsonl / text files or folders, or 'stdlib'")
     parser.add_argument(
-        "--model", default="ladder-2", help="a HiRes preset, a shape DxL (e.g. 128x16), or a config.json / model folder"
+        "--model", default=d.model, help="a HiRes preset, a shape DxL (e.g. 128x16), or a config.json / model folder"
     )
     parser.add_argument("--vocab-size", type=int, help="tokenizer and model vocabulary (default: the config's)")
-    parser.add_argument("--budget-minutes", type=float, default=10.0, help="wall clock for every run together")
+    parser.add_argument("--budget-minutes", type=float, default=d.budget_minutes, help="wall clock for all runs")
     parser.add_argument("--budget-flops", type=float, help="counted training FLOPs per run (overrides the minutes)")
     parser.add_argument("--budget-tokens", type=float, help="per run: the FLOPs of this many control tokens")
-    parser.add_argument("--lrs", type=float, nargs="+", default=list(DEFAULT_RATES), help="the starting LR grid")
-    parser.add_argument("--seeds", type=int, default=1, help="seeds at each architecture's best rate (default 1)")
+    parser.add_argument("--lrs", type=float, nargs="+", default=list(d.rates), help="the starting LR grid")
+    parser.add_argument("--seeds", type=int, default=d.seeds, help=f"seeds at each best rate (default {d.seeds})")
     parser.add_argument("--plain-twin", action="store_true", help="also train the plain transformers Llama twin")
-    parser.add_argument("--context", type=int, default=128, help="tokens per training block (default 128)")
-    parser.add_argument("--batch-size", type=int, default=16, help="blocks per optimizer step (default 16)")
-    parser.add_argument("--max-chars", type=int, default=12_000_000, help="read at most this much text")
-    parser.add_argument("--device", default="auto", help="cuda when there is one (bf16 autocast), else cpu")
+    parser.add_argument("--context", type=int, default=d.context, help=f"tokens per block (default {d.context})")
+    parser.add_argument("--batch-size", type=int, default=d.batch_size, help=f"blocks a step (default {d.batch_size})")
+    parser.add_argument("--max-chars", type=int, default=d.max_chars, help="read at most this much text")
+    parser.add_argument("--device", default=d.device, help="cuda when there is one, else cpu")
+    parser.add_argument(
+        "--precision",
+        default=d.precision,
+        choices=("auto", "bf16", "fp32"),
+        help="auto: bf16 autocast where bf16 matmuls are native (CUDA, CPUs with AMX / AVX512-BF16), else fp32",
+    )
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--out", type=Path, help="folder for compare.json, loss_vs_flops.png and the best models")
     parser.add_argument("--smoke", action="store_true", help="a seconds-long comparison (tiny data and budget)")

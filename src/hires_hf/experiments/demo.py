@@ -11,9 +11,10 @@ FLOPs per token on its read / write projections, so it gets the fewer tokens its
 shared budget. Every model sees the same batches in the same order, from the same seed.
 
 Everything but the training itself comes from the experiment harness (`hires_hf.experiments.harness`): the data
-(`prepare_data`), the configs (`Shape`, `Arm`), the budget (`timed_budget`: the control's timed step turns the
-minutes into FLOPs per run) and the saved folders (`save_model`, which folds the control's embedding scale into
-its weights). Training goes through the HF Trainer (`train_model`), the path users train with.
+(`prepare_data`), the configs (`Shape`, `Arm`), the budget (`plan_budget`: counted FLOPs, so that the numbers are
+the same on every machine; `--budget-minutes` times this one instead) and the saved folders (`save_model`, which
+folds the control's embedding scale into its weights). Training goes through the HF Trainer (`train_model`), the
+path users train with.
 """
 
 from __future__ import annotations
@@ -31,21 +32,23 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 from ..configuration_hires import HiResConfig
 from ..errors import HiResUserError
 from ..eval.harness import no_transformers_bars
-from ..experiments.harness import (
+from ..io import ensure_writable
+from ..plotting import ARM_COLOURS, Curve, draw_loss_vs_flops, pyplot, save_figure
+from ..tables import markdown_row, markdown_table
+from ..training.data import PackedDataset
+from ..training.loop import pick_device, resolve_precision
+from ..training.trainer import TrainResult, train_model
+from .harness import (
     HIRES,
     Arm,
     Budget,
     Data,
     Shape,
     baseline_arms,
+    plan_budget,
     prepare_data,
     save_model,
-    timed_budget,
 )
-from ..tables import markdown_row, markdown_table
-from .data import PackedDataset
-from .loop import pick_device
-from .trainer import TrainResult, ensure_writable, train_model
 
 CONTROL_ROW, HIRES_ROW, PLAIN_ROW = "control", "hires", "plain-twin"
 
@@ -55,7 +58,8 @@ class DemoSettings:
     """Sizes of one demo run; `smoke()` is the seconds-long version tests and CI use."""
 
     preset: str = "tiny"
-    budget_minutes: float = 5.0
+    budget_flops: float | None = 1.5e12  # counted training FLOPs per model: the same numbers on any machine
+    budget_minutes: float | None = None  # or: what this machine's measured speed buys in these minutes
     max_chars: int = 4_000_000
     validation_fraction: float = 0.05
     block_size: int = 128
@@ -63,7 +67,8 @@ class DemoSettings:
     eval_blocks: int = 96
     learning_rate: float = 2e-3
     evaluations: int = 12
-    smoke_steps: int | None = None  # fixed control steps instead of a timed budget
+    smoke_steps: int | None = None  # fixed control steps instead of a FLOP budget
+    precision: str = "auto"  # bf16 autocast where bf16 matmuls are native (CUDA, AMX / AVX512-BF16 CPUs)
     sample_tokens: int = 60
     downstream_limit: int | None = 200  # docs per offline task (None: all); 0 skips the downstream tasks
     seed: int = 0
@@ -97,7 +102,7 @@ class DemoResult:
         return self.results[HIRES_ROW].final_eval_loss - self.results[CONTROL_ROW].final_eval_loss
 
 
-COLOURS = {CONTROL_ROW: "black", HIRES_ROW: "tab:red", PLAIN_ROW: "tab:gray"}  # as `hires-hf compare` draws them
+COLOURS = ARM_COLOURS  # as every figure of the package draws them
 RESERVE = 0.40  # share of the budget kept for evaluation, saving, sampling, Trainer overhead and a busy CPU
 
 
@@ -139,15 +144,15 @@ def run_demo(output_dir: str | Path = "runs/demo", settings: DemoSettings | None
     data = demo_data(settings)
     shape = demo_shape(settings.preset)
     arms = demo_arms()
-    budget = plan_budget(settings, arms, shape, data, time.perf_counter() - started)
+    budget = demo_budget(settings, arms, shape, data, time.perf_counter() - started)
     flops = {arm.name: arm.flops_per_token(shape, data) for arm in arms}
     steps = {arm.name: budget.steps(flops[arm.name], data.context) for arm in arms}
     if min(steps.values()) < 1:
         raise HiResUserError(
-            f"--budget-minutes {settings.budget_minutes:g} buys less than one training step of each model here; "
-            "give it more minutes."
+            f"The budget ({budget.flops:.3g} FLOPs a model) buys less than one training step of each model here; "
+            "give it more FLOPs or minutes."
         )
-    per_run = settings.budget_minutes * 60 * (1 - RESERVE) / len(arms)
+    bf16 = resolve_precision(pick_device(), settings.precision) == "bf16"
     print(
         f"Equal-compute comparison: {budget.flops:.3g} counted training FLOPs each "
         f"(control and plain twin {flops[CONTROL_ROW]:,.0f} FLOPs/token, HiRes {flops[HIRES_ROW]:,.0f})."
@@ -173,9 +178,7 @@ def run_demo(output_dir: str | Path = "runs/demo", settings: DemoSettings | None
             logging_steps=max(1, steps[arm.name] // 20),
             seed=settings.seed,
             flops_per_token=flops[arm.name],
-            # a guard against a much slower machine than timed: the table then shows the FLOPs actually spent
-            max_seconds=None if settings.smoke_steps else 2 * per_run + 10,
-            bf16=pick_device().type == "cuda",  # as the step was timed: the Trainer trains on CUDA when there is one
+            bf16=bf16,  # the harness's precision rule, on the device the Trainer picks (CUDA when there is one)
             save_model=False,  # saved below, with the control's scale folded into its embedding
         )
         result.model_dir = output_dir / arm.name / "model"
@@ -198,15 +201,25 @@ def run_demo(output_dir: str | Path = "runs/demo", settings: DemoSettings | None
     return DemoResult(results, table, plot, samples, downstream)
 
 
-def plan_budget(settings: DemoSettings, arms: list[Arm], shape: Shape, data: Data, spent_seconds: float) -> Budget:
-    """Counted FLOPs per model: the harness's timed budget over what the minutes leave (a reserve kept for
-    evaluation, saving, sampling and the downstream tasks); a smoke run takes `smoke_steps` control steps."""
+def demo_budget(settings: DemoSettings, arms: list[Arm], shape: Shape, data: Data, spent_seconds: float) -> Budget:
+    """Counted FLOPs per model (the harness's planner): `budget_flops`, or what `budget_minutes` leave after a
+    reserve for evaluation, saving, sampling and the downstream tasks; a smoke run takes `smoke_steps` steps."""
     control = arms[0]
     if settings.smoke_steps is not None:
-        step_flops = control.flops_per_token(shape, data) * settings.batch_size * data.context
-        return Budget(flops=settings.smoke_steps * step_flops, batch_size=settings.batch_size)
-    seconds = max(settings.budget_minutes * 60 * (1 - RESERVE) - spent_seconds, 1.0)
-    return timed_budget(control, shape, data, settings.batch_size, seconds, len(arms), pick_device())
+        return plan_budget(control, shape, data, settings.batch_size, steps=settings.smoke_steps)
+    if settings.budget_minutes is None:
+        return plan_budget(control, shape, data, settings.batch_size, flops=settings.budget_flops)
+    minutes = max(settings.budget_minutes * (1 - RESERVE) - spent_seconds / 60, 1 / 60)
+    return plan_budget(
+        control,
+        shape,
+        data,
+        settings.batch_size,
+        minutes=minutes,
+        runs=len(arms),
+        device=pick_device(),
+        precision=settings.precision,
+    )
 
 
 def evaluate_downstream(model_dirs: dict[str, Path], output_dir: Path, settings: DemoSettings) -> str | None:
@@ -258,26 +271,13 @@ def comparison_table(results: dict[str, TrainResult]) -> str:
 
 def plot_curves(results: dict[str, TrainResult], path: Path) -> Path:
     """Validation loss against counted training FLOPs, one line per model (PNG, written atomically)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6.4, 4.2))
-    for name, result in results.items():
-        x, y = result.eval_curve()
-        axis.plot(x, y, marker="o", markersize=3, color=COLOURS.get(name), label=f"{name} ({result.params:,} params)")
-    axis.set_xlabel("counted training FLOPs")
-    axis.set_ylabel("validation loss")
-    axis.set_title("HiRes, the control and the plain twin at equal counted FLOPs")
-    axis.grid(alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    staging = path.with_name(path.stem + ".tmp.png")
-    figure.savefig(staging, dpi=120)
-    plt.close(figure)
-    staging.replace(path)
-    return path
+    curves = [
+        Curve(f"{name} ({result.params:,} params)", list(zip(*result.eval_curve())), COLOURS.get(name), marker="o")
+        for name, result in results.items()
+    ]
+    figure, axis = pyplot().subplots(figsize=(6.4, 4.2))
+    draw_loss_vs_flops(axis, curves, "HiRes, the control and the plain twin at equal counted FLOPs")
+    return save_figure(figure, path, dpi=120)
 
 
 def sample(model_dir: Path, tokenizer: PreTrainedTokenizerBase, settings: DemoSettings, prompt: str = "def ") -> str:

@@ -1,0 +1,69 @@
+"""`hires-hf ladder`: the compute ladder (HiRes against the strongest vanilla over rungs of counted FLOPs).
+
+    hires-hf ladder --stages floor grid top --threads 1 &   # one worker; start a second one to share the work
+    hires-hf ladder --report                                 # table, fits, summary.json, plots
+
+The work is in `hires_hf.experiments.ladder`; results go to benchmarks/results/ladder/ in a checkout (--out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ..errors import HiResUserError
+from ..experiments.ladder import STAGES, LadderSettings, open_ladder, run_stages
+from . import default, set_threads
+
+DEFAULT_OUT = Path("benchmarks/results/ladder")
+
+
+def cache_dir() -> Path:
+    """Where prepared corpora are kept between runs and sessions (HIRES_HF_CACHE, else ~/.cache/hires_hf)."""
+    return Path(os.environ.get("HIRES_HF_CACHE", Path.home() / ".cache" / "hires_hf")) / "data"
+
+
+def settings_of(args: argparse.Namespace) -> LadderSettings:
+    settings = LadderSettings.smoke() if args.smoke else LadderSettings()
+    changes = {"device": args.device, "precision": args.precision, "compile": args.compile}
+    return LadderSettings(**{**vars(settings), **{k: v for k, v in changes.items() if v is not None}})
+
+
+def run_ladder(args: argparse.Namespace) -> int:
+    if args.report:
+        return run_ladder_report(args)
+    unknown = [stage for stage in args.stages if stage not in STAGES]
+    if unknown:
+        raise HiResUserError(f"Unknown stage(s) {unknown}; choose from {', '.join(STAGES)}.")
+    set_threads(args.threads)
+    ladder = open_ladder(settings_of(args), args.out, cache_dir(), progress=not args.quiet)
+    trained = run_stages(ladder, args.stages, progress=not args.quiet)
+    print(f"Stages {' '.join(args.stages)} complete ({len(trained)} runs trained by this worker) in {args.out}.")
+    return 0
+
+
+def run_ladder_report(args: argparse.Namespace) -> int:
+    from ..experiments.ladder_report import write_report
+
+    ladder = open_ladder(settings_of(args), args.out, cache_dir(), progress=not args.quiet)
+    print(write_report(ladder, args.out))
+    return 0
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "ladder",
+        help="the compute ladder: HiRes vs the strongest vanilla over rungs of counted FLOPs",
+        description="Train the ladder's stages (resumable; start several workers to share them), or --report.",
+    )
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), help=f"of {', '.join(STAGES)} (default: all)")
+    parser.add_argument("--report", action="store_true", help="write table, fits, summary.json and plots instead")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results folder (default {DEFAULT_OUT})")
+    parser.add_argument("--smoke", action="store_true", help="the seconds-long ladder (tests)")
+    parser.add_argument("--device", help=f"default {default(LadderSettings, 'device')}")
+    parser.add_argument("--precision", choices=("auto", "bf16", "fp32"), help="default: bf16 where native")
+    parser.add_argument("--compile", choices=("auto", "on", "off"), help="default: compile runs that repay it")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (one per worker when two share 2 cores)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run_ladder)

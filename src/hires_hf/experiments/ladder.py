@@ -1,0 +1,356 @@
+"""The compute ladder: does HiRes buy compute against the strongest simple vanilla, and does that change with scale?
+
+Rungs of counted training FLOPs per run, each with its shape from the package's one shape rule (three blocks of
+k = 4 layers, width growing with the rung so that tokens stay ~20-30x the non-embedding parameters), on the
+Python sources of this interpreter (large enough that no run repeats data). Every arm trains for its rung's
+FLOPs on the same batches, with the one recipe, bf16 and compiled (`hires_hf.experiments.harness`). Stages:
+
+- `floor`: the noise floor. The control at the middle rung's shape, its rate bracketed at one length, three
+  seeds at each of several run lengths: how the seed spread (max - min) falls with tokens, and the shortest
+  length whose spread is at most `FLOOR_NATS`. Every other run must be at least that long.
+- `grid`: every arm's rate bracketed (x2 grid, extended) at each rung but the top.
+- `top`: at the top rung, each arm at the rate carried over from the rung below and x sqrt(2) either side
+  (extended by sqrt(2) if the best is at an edge), then a second seed for the control and the best HiRes.
+- `report`: table, fits of loss vs compute per arm, the FLOPs multiplier of the best HiRes over the baseline
+  (the better of the control and the plain twin at the top rung) with a bootstrap CI, the gap at each rung,
+  `summary.json` and plots.
+
+Stages are plans over a run store (`RunStore`): a worker trains the first planned run nobody holds, so any
+number of workers (`--worker i/n`) share the work, a killed worker's run resumes from its checkpoint, and a
+run is reused only when everything that made it is unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import HiResUserError
+from .harness import (
+    CONTROL,
+    DEFAULT_RATES,
+    HIRES,
+    MAX_EXTENSIONS,
+    PLAIN,
+    Arm,
+    Budget,
+    Data,
+    Run,
+    RunPlan,
+    RunStore,
+    Shape,
+    bracket_status,
+    execute,
+    pending_rates,
+    plan_run,
+    prepare_data,
+    tidy_rate,
+)
+
+FLOOR_NATS = 0.02  # the seed spread (max - min) a verdict's runs must stay under
+SQRT2 = math.sqrt(2.0)
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One level of compute: a shape and the counted training FLOPs every run at it gets."""
+
+    shape: Shape
+    flops: float
+
+    @property
+    def name(self) -> str:
+        return self.shape.name
+
+
+def ladder_arms(names: Sequence[str]) -> list[Arm]:
+    """The ladder's arms by name: the two vanillas, the shipped HiRes and HiRes variants."""
+    known = {
+        "control": Arm("control", CONTROL),
+        "plain-twin": Arm("plain-twin", PLAIN),
+        "hires": Arm("hires", HIRES),
+        "D=4d": Arm("D=4d", fields={"residual_ratio": 4.0}),
+        "D=d": Arm("D=d", fields={"residual_ratio": 1.0}),
+        "k=2": Arm("k=2", fields={"layers_per_block": 2}),
+        "delta-write": Arm("delta-write", fields={"write_mode": "delta"}),
+    }
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise HiResUserError(f"Unknown ladder arm(s) {unknown}; choose from {', '.join(known)}.")
+    return [known[name] for name in names]
+
+
+@dataclass(frozen=True)
+class LadderSettings:
+    """The ladder's design; `smoke()` is the seconds-long version the tests run."""
+
+    rungs: tuple[tuple[str, float], ...] = (("64x12", 1.25e14), ("96x12", 3.5e14), ("128x12", 1e15))
+    arms: tuple[str, ...] = ("control", "plain-twin", "hires", "D=4d")
+    batch_size: int = 32
+    context: int = 256
+    vocab_size: int = 4096
+    corpus: str = "python"
+    max_chars: int = 250_000_000
+    validation_fraction: float = 0.005
+    eval_blocks: int = 256
+    evaluations: int = 8
+    rates: tuple[float, ...] = DEFAULT_RATES
+    top_seeds: int = 2
+    floor_rung: int = 1  # index into rungs: the noise floor's shape
+    floor_tokens: tuple[float, ...] = (1e6, 2e6, 4e6, 8e6, 16e6)
+    floor_grid_tokens: float = 4e6  # the length the floor's rate is bracketed at
+    floor_seeds: int = 3
+    precision: str = "auto"
+    compile: str = "auto"
+    device: str = "cpu"
+
+    @classmethod
+    def smoke(cls, **overrides: Any) -> LadderSettings:
+        fields: dict[str, Any] = dict(
+            rungs=(("32x4", 2e9), ("48x4", 4e9), ("64x4", 8e9)),
+            arms=("control", "plain-twin", "hires"),
+            batch_size=4,
+            context=32,
+            vocab_size=300,
+            corpus="stdlib",
+            max_chars=300_000,
+            validation_fraction=0.05,
+            eval_blocks=8,
+            evaluations=2,
+            floor_tokens=(4e3, 8e3),
+            floor_grid_tokens=4e3,
+            floor_seeds=2,
+            compile="off",
+        )
+        return cls(**{**fields, **overrides})
+
+    def ladder_rungs(self) -> list[Rung]:
+        return [Rung(Shape.parse(name, vocab_size=self.vocab_size), flops) for name, flops in self.rungs]
+
+
+@dataclass
+class Ladder:
+    """The ladder's settings with its data and store: what the stages plan over."""
+
+    settings: LadderSettings
+    data: Data
+    store: RunStore
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    _plans: dict[tuple, RunPlan] = field(default_factory=dict, repr=False)
+
+    @property
+    def rungs(self) -> list[Rung]:
+        return self.settings.ladder_rungs()
+
+    @property
+    def arms(self) -> list[Arm]:
+        return ladder_arms(self.settings.arms)
+
+    def plan(self, arm: Arm, rung: Rung, lr: float, seed: int = 0, flops: float | None = None) -> RunPlan:
+        """The run of `arm` at `rung` (or at `flops` instead of the rung's), planned once and remembered."""
+        s = self.settings
+        budget = Budget(flops=flops or rung.flops, batch_size=s.batch_size)
+        index = (arm.name, arm.kind, repr(sorted(arm.fields.items())), rung.shape, lr, seed, budget)
+        if index not in self._plans:
+            self._plans[index] = plan_run(
+                arm, lr, rung.shape, self.data, budget, seed, self.device, s.evaluations, s.precision, s.compile
+            )
+        return self._plans[index]
+
+    def losses(self, arm: Arm, rung: Rung, rates: Sequence[float], seed: int = 0, flops: float | None = None):
+        """{rate: final loss} of the stored runs among `rates`."""
+        found = {}
+        for lr in rates:
+            run = self.store.get(self.plan(arm, rung, lr, seed, flops).key)
+            if run is not None:
+                found[lr] = run.final_loss
+        return found
+
+    def bracket(
+        self, arm: Arm, rung: Rung, grid: Sequence[float], step: float, flops: float | None = None
+    ) -> tuple[list[RunPlan], dict[float, float]]:
+        """The runs still needed to bracket `arm`'s rate at `rung` (seed 0), and the losses known so far."""
+        tried = _rates_around(grid, step)
+        losses = self.losses(arm, rung, tried, 0, flops)
+        todo = pending_rates(grid, losses, step)
+        return [self.plan(arm, rung, lr, 0, flops) for lr in todo], losses
+
+
+def top_grid(carried: float) -> tuple[float, float, float]:
+    """The top rung's starting grid: the rate carried over from the rung below and x sqrt(2) either side."""
+    return tidy_rate(carried / SQRT2), carried, tidy_rate(carried * SQRT2)
+
+
+def _rates_around(grid: Sequence[float], step: float, extensions: int = MAX_EXTENSIONS) -> list[float]:
+    """Every rate a bracketing of `grid` can reach: the grid and `extensions` steps past either end (each step
+    tidied as `next_rate` tidies it, so that the rates are the very floats the runs were keyed with)."""
+    rates, low, high = list(grid), min(grid), max(grid)
+    for _ in range(extensions):
+        low, high = tidy_rate(low / step), tidy_rate(high * step)
+        rates += [low, high]
+    return rates
+
+
+def best_rate(losses: dict[float, float]) -> float:
+    return min(losses, key=losses.__getitem__)
+
+
+# ---------------------------------------------------------------------------------------------------- stages
+def floor_stage(ladder: Ladder) -> Iterator[RunPlan]:
+    """The control at the floor's shape: its rate bracketed at `floor_grid_tokens`, then seeds at each length."""
+    s, control = ladder.settings, ladder_arms(["control"])[0]
+    rung = ladder.rungs[s.floor_rung]
+    per_token = control.flops_per_token(rung.shape, ladder.data)
+    todo, losses = ladder.bracket(control, rung, s.rates, 2.0, s.floor_grid_tokens * per_token)
+    yield from todo
+    if todo or bracket_status(losses) != "bracketed":
+        return
+    lr = best_rate(losses)
+    for tokens in s.floor_tokens:
+        for seed in range(s.floor_seeds):
+            yield ladder.plan(control, rung, lr, seed, tokens * per_token)
+
+
+def grid_stage(ladder: Ladder) -> Iterator[RunPlan]:
+    """Every arm's rate bracketed (x2) at every rung but the top."""
+    for rung in ladder.rungs[:-1]:
+        for arm in ladder.arms:
+            yield from ladder.bracket(arm, rung, ladder.settings.rates, 2.0)[0]
+
+
+def top_stage(ladder: Ladder) -> Iterator[RunPlan]:
+    """At the top rung: the carried-over rate and x sqrt(2) either side (extended), then the second seeds."""
+    below, top = ladder.rungs[-2], ladder.rungs[-1]
+    finals: dict[str, tuple[float, float]] = {}
+    for arm in ladder.arms:
+        todo, losses = ladder.bracket(arm, below, ladder.settings.rates, 2.0)
+        if todo or not losses:
+            continue  # the rung below is not done for this arm: nothing to carry yet
+        carried = best_rate(losses)
+        todo, top_losses = ladder.bracket(arm, top, top_grid(carried), SQRT2)
+        yield from todo
+        if not todo:
+            finals[arm.name] = (best_rate(top_losses), min(top_losses.values()))
+    if len(finals) < len(ladder.arms):
+        return
+    hires = [name for name in finals if ladder_arms([name])[0].kind == HIRES]
+    seeded = ["control", min(hires, key=lambda name: finals[name][1])] if hires else ["control"]
+    for name in seeded:
+        arm = ladder_arms([name])[0]
+        for seed in range(1, ladder.settings.top_seeds):
+            yield ladder.plan(arm, top, finals[name][0], seed)
+
+
+STAGES: dict[str, Callable[[Ladder], Iterator[RunPlan]]] = {
+    "floor": floor_stage,
+    "grid": grid_stage,
+    "top": top_stage,
+}
+
+
+# ---------------------------------------------------------------------------------------------------- workers
+def claim(store: RunStore, key: str) -> bool:
+    """Take a run for this process: an exclusive claim file, or one left by a process that no longer runs."""
+    path = store.folder / "claims" / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            with open(path, "x", encoding="utf-8") as file:
+                file.write(str(os.getpid()))
+            return True
+        except FileExistsError:
+            if _alive(path):
+                return False
+            path.unlink(missing_ok=True)  # a killed worker's claim: take the run over (its checkpoint resumes)
+    return False
+
+
+def _alive(path: Path) -> bool:
+    try:
+        pid = int(path.read_text(encoding="utf-8") or 0)
+        os.kill(pid, 0)
+    except (ValueError, ProcessLookupError, FileNotFoundError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def release(store: RunStore, key: str) -> None:
+    (store.folder / "claims" / key).unlink(missing_ok=True)
+
+
+def run_stages(
+    ladder: Ladder,
+    stages: Sequence[str],
+    progress: bool = True,
+    poll_seconds: float = 30.0,
+    log: Callable[[str], None] = print,
+) -> list[Run]:
+    """Train the stages' planned runs until none is left; waits while other workers hold the runs it needs."""
+    trained: list[Run] = []
+    while True:
+        ladder.store.refresh()
+        plans = [plan for stage in stages for plan in STAGES[stage](ladder)]
+        open_plans = [plan for plan in plans if ladder.store.get(plan.key) is None]
+        if not open_plans:
+            return trained
+        plan = next((p for p in open_plans if claim(ladder.store, p.key)), None)
+        if plan is None:
+            time.sleep(poll_seconds)  # every open run is being trained by another worker
+            continue
+        try:
+            run = _train(ladder, plan, progress)
+        finally:
+            release(ladder.store, plan.key)
+        trained.append(run)
+        log(
+            f"{plan.shape.name} {run.arm} lr={run.lr:.3g} seed={run.seed} tokens={run.tokens / 1e6:.1f}M: "
+            f"{run.final_loss:.4f} ({run.seconds / 60:.1f} min, {run.tokens_per_second:,.0f} tokens/s)"
+        )
+
+
+def _train(ladder: Ladder, plan: RunPlan, progress: bool) -> Run:
+    label = f"{plan.shape.name} {plan.arm.name} lr={plan.settings.learning_rate:.3g} s{plan.settings.seed}"
+    with tqdm(total=plan.settings.steps, desc=label, disable=not progress, dynamic_ncols=True, mininterval=5) as bar:
+        return execute(plan, ladder.data, ladder.device, ladder.store, on_step=lambda _: bar.update(1))
+
+
+def open_ladder(settings: LadderSettings, folder: Path, cache_dir: Path | None = None, progress: bool = True) -> Ladder:
+    """The ladder's data (prepared once, then read from `cache_dir`) and its run store under `folder`."""
+    data = prepare_data(
+        settings.corpus,
+        settings.vocab_size,
+        settings.context,
+        settings.max_chars,
+        validation_fraction=settings.validation_fraction,
+        eval_blocks=settings.eval_blocks,
+        progress=progress,
+        cache_dir=cache_dir,
+    )
+    return Ladder(settings, data, RunStore(folder / "runs"), torch.device(settings.device))
+
+
+def settings_with(settings: LadderSettings, **changes: Any) -> LadderSettings:
+    return replace(settings, **{k: v for k, v in changes.items() if v is not None})
+
+
+__all__ = [
+    "FLOOR_NATS",
+    "STAGES",
+    "Ladder",
+    "LadderSettings",
+    "Rung",
+    "ladder_arms",
+    "open_ladder",
+    "run_stages",
+    "settings_with",
+]

@@ -1,0 +1,286 @@
+"""The ladder's report: what its stored runs say, as a table, fits, a multiplier with its CI, plots and JSON.
+
+Per rung and arm: the best rate (seed 0 over the bracketing grid), its bracket status, the loss there (the mean
+over seeds where there are several) and the seed spread (max - min). The baseline at a rung is the better of the
+control and the plain twin there. Per arm, `L(C) = A * C^-alpha` is fitted to its best losses over the rungs
+(`hires_hf.eval.scaling`); the multiplier of the best HiRes over the baseline is read at the top rung's compute,
+with a residual-bootstrap CI. The noise floor is the spread of the control's seeds against run length.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from ..errors import HiResUserError
+from ..eval.scaling import Run as ScalingRun
+from ..eval.scaling import analyse
+from ..io import write_json_atomic, write_text_atomic
+from ..plotting import ARM_COLOURS, Curve, draw_loss_vs_flops, pyplot, save_figure
+from ..tables import markdown_table
+from .harness import HIRES, bracket_status
+from .ladder import FLOOR_NATS, SQRT2, Ladder, Rung, _rates_around, ladder_arms, top_grid
+
+COMMANDS = (
+    "hires-hf ladder --stages floor grid top --threads 1 &   # twice: two workers share the 2 cores",
+    "hires-hf ladder --report",
+)
+
+
+def _stored(ladder: Ladder, arm_name: str, rung: Rung, rates: list[float], seed: int = 0, flops: float | None = None):
+    arm = ladder_arms([arm_name])[0]
+    found = {}
+    for lr in rates:
+        run = ladder.store.get(ladder.plan(arm, rung, lr, seed, flops).key)
+        if run is not None:
+            found[lr] = run
+    return found
+
+
+def rung_cells(ladder: Ladder, rung: Rung, top: bool) -> dict[str, dict[str, Any]]:
+    """Per arm at `rung`: best rate, bracket, loss (mean over seeds at the best rate), seeds and their spread."""
+    cells = {}
+    below = ladder.rungs[-2] if len(ladder.rungs) > 1 else rung
+    for arm in ladder.settings.arms:
+        if top:
+            carried = _stored(ladder, arm, below, _rates_around(ladder.settings.rates, 2.0))
+            if not carried:
+                continue
+            centre = min(carried.values(), key=lambda r: r.final_loss).lr
+            runs = _stored(ladder, arm, rung, _rates_around(top_grid(centre), SQRT2))
+        else:
+            runs = _stored(ladder, arm, rung, _rates_around(ladder.settings.rates, 2.0))
+        if not runs:
+            continue
+        best = min(runs.values(), key=lambda r: r.final_loss)
+        others = [_stored(ladder, arm, rung, [best.lr], seed=seed).get(best.lr) for seed in range(1, 4)]
+        seeds = [best, *(r for r in others if r is not None)]
+        losses = [r.final_loss for r in seeds]
+        cells[arm] = {
+            "best_lr": best.lr,
+            "bracket": bracket_status({lr: r.final_loss for lr, r in runs.items()}),
+            "loss": statistics.fmean(losses),
+            "seeds": len(losses),
+            "seed_spread": max(losses) - min(losses) if len(losses) > 1 else None,
+            "tokens": best.tokens,
+            "grid": {f"{lr:.4g}": r.final_loss for lr, r in sorted(runs.items())},
+            "curve": best.curve,
+        }
+    return cells
+
+
+def floor_points(ladder: Ladder) -> dict[str, Any]:
+    """The control's seeds at each floor length: their losses, spread, and the shortest length under FLOOR_NATS."""
+    s = ladder.settings
+    rung = ladder.rungs[s.floor_rung]
+    control = ladder_arms(["control"])[0]
+    per_token = control.flops_per_token(rung.shape, ladder.data)
+    grid = _stored(ladder, "control", rung, _rates_around(s.rates, 2.0), 0, s.floor_grid_tokens * per_token)
+    if not grid:
+        return {}
+    lr = min(grid.values(), key=lambda r: r.final_loss).lr
+    lengths = []
+    for tokens in s.floor_tokens:
+        runs = [ladder.store.get(ladder.plan(control, rung, lr, seed, tokens * per_token).key) for seed in range(3)]
+        losses = [r.final_loss for r in runs if r is not None]
+        spread = max(losses) - min(losses) if len(losses) == s.floor_seeds else None
+        lengths.append({"tokens": tokens, "losses": losses, "spread": spread})
+    under = [p["tokens"] for p in lengths if p["spread"] is not None and p["spread"] <= FLOOR_NATS]
+    return {
+        "shape": rung.name,
+        "lr": lr,
+        "bracket": bracket_status({r.lr: r.final_loss for r in grid.values()}),
+        "lengths": lengths,
+        "floor_tokens": min(under) if under else None,
+        "floor_nats": FLOOR_NATS,
+    }
+
+
+def summarize(ladder: Ladder) -> dict[str, Any]:
+    """Everything `summary.json` holds: rungs, per-arm cells, baselines, fits, the multiplier and the floor."""
+    rungs = ladder.rungs
+    summary: dict[str, Any] = {"rungs": [], "floor": floor_points(ladder), "commands": list(COMMANDS)}
+    for index, rung in enumerate(rungs):
+        cells = rung_cells(ladder, rung, top=index == len(rungs) - 1 and len(rungs) > 1)
+        vanillas = {name: cells[name]["loss"] for name in ("control", "plain-twin") if name in cells}
+        baseline = min(vanillas, key=vanillas.__getitem__) if vanillas else None
+        hires = {name: c["loss"] for name, c in cells.items() if ladder_arms([name])[0].kind == HIRES}
+        best_hires = min(hires, key=hires.__getitem__) if hires else None
+        gap = cells[best_hires]["loss"] - cells[baseline]["loss"] if baseline and best_hires else None
+        summary["rungs"].append(
+            {
+                "shape": rung.name,
+                "flops": rung.flops,
+                "tokens": {name: c["tokens"] for name, c in cells.items()},
+                "arms": cells,
+                "baseline": baseline,
+                "best_hires": best_hires,
+                "gap": gap,
+            }
+        )
+    summary["fit"] = fit(summary)
+    return summary
+
+
+def fit(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """Power laws per arm over the rungs and the best HiRes's FLOPs multiplier over the baseline, at the top."""
+    complete = [r for r in summary["rungs"] if r["baseline"] and r["best_hires"]]
+    if len(complete) < 2:
+        return None
+    top = complete[-1]
+    points = []
+    for rung in complete:
+        points.append(ScalingRun("baseline", 1, rung["flops"], rung["arms"][rung["baseline"]]["loss"]))
+        for name, cell in rung["arms"].items():
+            points.append(ScalingRun(name, 1, rung["flops"], cell["loss"]))
+    hires = top["best_hires"]
+    chosen = [p for p in points if p.arch in ("baseline", hires)]
+    report = analyse(chosen, baseline="baseline", at_compute=top["flops"], bootstrap=2000)
+    laws = analyse(points, baseline="baseline", bootstrap=0)
+    multiplier = report.multipliers[0] if report.multipliers else None
+    gaps = [(math.log(r["flops"]), r["gap"]) for r in complete]
+    slope = _slope(gaps)
+    return {
+        "laws": {arch: {"A": f.law.A, "alpha": f.law.alpha, "points": len(f.runs)} for arch, f in laws.fits.items()},
+        "best_hires": hires,
+        "multiplier": None
+        if multiplier is None
+        else {
+            "value": multiplier.value,
+            "ci_low": multiplier.ci_low,
+            "ci_high": multiplier.ci_high,
+            "confidence": multiplier.confidence,
+            "at_flops": multiplier.at_compute,
+        },
+        "gap_per_decade": None if slope is None else slope * math.log(10),
+    }
+
+
+def _slope(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of gap against log compute (nats per e-fold)."""
+    if len(points) < 2:
+        return None
+    mean_x = statistics.fmean(x for x, _ in points)
+    mean_y = statistics.fmean(y for _, y in points)
+    sxx = sum((x - mean_x) ** 2 for x, _ in points)
+    return sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx if sxx else None
+
+
+def table(summary: dict[str, Any]) -> str:
+    rows = []
+    for rung in summary["rungs"]:
+        for name, cell in rung["arms"].items():
+            spread = "" if cell["seed_spread"] is None else f"{cell['seed_spread']:.3f}"
+            mark = " (baseline)" if name == rung["baseline"] else ""
+            gap = cell["loss"] - rung["arms"][rung["baseline"]]["loss"] if rung["baseline"] else float("nan")
+            rows.append(
+                (
+                    rung["shape"],
+                    f"{rung['flops']:.3g}",
+                    name + mark,
+                    f"{cell['tokens'] / 1e6:.1f}M",
+                    f"{cell['best_lr']:.3g}",
+                    cell["bracket"],
+                    f"{cell['loss']:.4f}",
+                    f"{gap:+.4f}",
+                    f"{cell['seeds']}",
+                    spread,
+                )
+            )
+    headers = ["rung", "FLOPs/run", "arm", "tokens", "best lr", "bracket", "loss", "vs baseline", "seeds", "spread"]
+    return "\n".join(markdown_table(headers, rows, "lrlrrlrrrr"))
+
+
+def plot(summary: dict[str, Any], path: Path) -> Path:
+    """Best loss per arm against compute (points), the fitted laws (lines); right: the best runs' curves."""
+    plt = pyplot()
+    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    arms = sorted({name for rung in summary["rungs"] for name in rung["arms"]})
+    laws = (summary.get("fit") or {}).get("laws", {})
+    colours = plt.get_cmap("tab10")
+    for i, name in enumerate(arms):
+        colour = ARM_COLOURS.get(name, colours(i % 10))
+        points = [(r["flops"], r["arms"][name]["loss"]) for r in summary["rungs"] if name in r["arms"]]
+        left.plot(*zip(*points, strict=True), "o", color=colour, label=name)
+        if name in laws:
+            flops = [p[0] for p in points]
+            grid = [min(flops) * (max(flops) / min(flops)) ** (t / 20) for t in range(21)]
+            law = laws[name]
+            left.plot(grid, [law["A"] * c ** -law["alpha"] for c in grid], color=colour, linewidth=1)
+    draw_loss_vs_flops(left, [], "best loss per rung, with L = A C^-alpha fits")
+    left.legend(fontsize=8)
+    curves = [
+        Curve(f"{rung['shape']} {name}", cell["curve"], ARM_COLOURS.get(name, colours(arms.index(name) % 10)))
+        for rung in summary["rungs"]
+        for name, cell in rung["arms"].items()
+    ]
+    draw_loss_vs_flops(right, curves, "each arm's best run along training")
+    right.legend(fontsize=6, ncol=2)
+    return save_figure(figure, path)
+
+
+def plot_floor(floor: dict[str, Any], path: Path) -> Path:
+    """Seed spread (max - min of the control's seeds) against training tokens, with the floor line."""
+    plt = pyplot()
+    figure, axis = plt.subplots(figsize=(6.4, 4.2))
+    points = [(p["tokens"], p["spread"]) for p in floor["lengths"] if p["spread"] is not None]
+    if points:
+        axis.plot(*zip(*points, strict=True), "o-", color="black", label="control, 3 seeds (max - min)")
+    axis.axhline(floor["floor_nats"], color="tab:red", linestyle="--", label=f"{floor['floor_nats']} nats")
+    axis.set(xscale="log", xlabel="training tokens", ylabel="seed spread (nats)")
+    axis.set_title(f"noise floor at {floor['shape']} (lr {floor['lr']:.3g}, this corpus)", fontsize=9)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    return save_figure(figure, path)
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = ["# Compute ladder", "", "Commands:", "", "```", *summary["commands"], "```", ""]
+    floor = summary["floor"]
+    if floor:
+        lengths = ", ".join(
+            f"{p['tokens'] / 1e6:g}M: " + ("-" if p["spread"] is None else f"{p['spread']:.3f}")
+            for p in floor["lengths"]
+        )
+        reached = floor["floor_tokens"]
+        lines += [
+            f"**Noise floor** ({floor['shape']}, control at lr {floor['lr']:.3g}, {floor['bracket']}; spread of 3 "
+            f"seeds by training tokens): {lengths}. Shortest length at or under {floor['floor_nats']} nats: "
+            + (f"{reached / 1e6:g}M tokens." if reached else "not reached yet."),
+            "",
+            "![noise floor](noise_floor.png)",
+            "",
+        ]
+    lines += [table(summary), "", "![ladder](ladder.png)", ""]
+    result = summary.get("fit")
+    if result and result["multiplier"]:
+        m = result["multiplier"]
+        lines.append(
+            f"**Multiplier** of {result['best_hires']} over the baseline at {m['at_flops']:.3g} FLOPs: "
+            f"{m['value']:.3f} ({m['confidence']:.0%} CI {m['ci_low']:.3f}-{m['ci_high']:.3f}); gap trend "
+            f"{result['gap_per_decade']:+.3f} nats per decade of compute."
+        )
+    else:
+        lines.append("The fit needs at least two complete rungs.")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(ladder: Ladder, folder: Path) -> str:
+    """summary.json, ladder.md and the figures under `folder`; returns the markdown."""
+    summary = summarize(ladder)
+    if not any(rung["arms"] for rung in summary["rungs"]) and not summary["floor"]:
+        raise HiResUserError(f"No ladder runs under {folder}: run `hires-hf ladder run` first.")
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(folder / "summary.json", summary, default=str)
+    if summary["floor"]:
+        plot_floor(summary["floor"], folder / "noise_floor.png")
+    if any(rung["arms"] for rung in summary["rungs"]):
+        plot(summary, folder / "ladder.png")
+    text = markdown(summary)
+    write_text_atomic(folder / "ladder.md", text)
+    return text
+
+
+__all__ = ["summarize", "write_report"]

@@ -1,0 +1,160 @@
+"""The run record and the run store: every trained run carries the settings that made it, and is found by them.
+
+A run's *spec* is everything that decides its result: the arm, every field of the model's config after
+derivation (HiRes, or the Llama twin; the control's embedding scale beside it), the recipe (the loop's settings and the
+optimiser / schedule constants), the budget, the data (`Data.spec`, down to a hash of the tokens), the precision,
+whether the forward was compiled, a fingerprint of the code that builds and trains the model, and the
+torch / transformers versions. The fingerprint covers what the rest of the spec cannot see: the source of the
+loop's functions, of the model builders and, for a HiRes arm, of the modeling file (for the twins transformers'
+version stands for their modeling code). Configs, FLOP counts and data enter through their results (the
+resolved config, the steps, the token hash), so an edit elsewhere in the package keeps the store valid.
+
+Its *key* is a hash of the spec: a stored run is reused only when every one of
+those is the same, so a changed default, shape rule or data set can never pass an old cell off as new. The git
+commit is recorded beside the spec (not in the key, so that a commit that touches no training code keeps the
+store valid).
+
+`RunStore(folder)` keeps one JSON file per finished run (`<arm>-lr<lr>-s<seed>-<key>.json`, written whole) and,
+while a run trains, its checkpoint under `checkpoints/`: a stopped sweep or ladder picks up where it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from ..io import write_json_atomic
+
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Run:
+    """One trained arm at one peak learning rate and seed, with the spec that made it and its key."""
+
+    arm: str
+    lr: float
+    seed: int
+    steps: int
+    flops_per_token: float
+    final_loss: float
+    curve: list[tuple[float, float]]  # (counted training FLOPs, validation loss)
+    seconds: float
+    tokens_per_second: float
+    diverged: bool
+    key: str = ""
+    spec: dict[str, Any] = field(default_factory=dict)
+    commit: str | None = None
+
+    @property
+    def tokens(self) -> float:
+        """Training tokens seen: counted FLOPs at the end of the run over FLOPs per token."""
+        return self.curve[-1][0] / self.flops_per_token if self.curve else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> Run:
+        known = {name: row[name] for name in cls.__dataclass_fields__ if name in row}
+        known["curve"] = [tuple(point) for point in known.get("curve", [])]
+        return cls(**known)
+
+
+def resolved_config(config: transformers.PreTrainedConfig) -> dict[str, Any]:
+    """Every field of `config` with its derived values filled in (a HiRes `to_dict` writes them as None)."""
+    values = config.to_dict()
+    for name in getattr(config, "_derived_fields", ()):
+        values[name] = getattr(config, name)
+    values.pop("transformers_version", None)  # in the spec's versions
+    return values
+
+
+@cache
+def code_fingerprint(functions: tuple[Callable[..., Any], ...], hires: bool, extra: tuple[str, ...] = ()) -> str:
+    """sha256 over the source of `functions` (the loop and the model builders), of modeling_hires.py when the arm
+    is HiRes, and of `extra` files (a benchmark's own arm): a change to any of them makes a new run."""
+    digest = hashlib.sha256()
+    for function in functions:
+        digest.update(inspect.getsource(function).encode())
+    files = [*([PACKAGE / "modeling_hires.py"] if hires else []), *(Path(name) for name in extra)]
+    for path in files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def arm_source(arm: object) -> tuple[str, ...]:
+    """The file defining an arm's class when it is not the harness's own (a benchmark's peer arm)."""
+    path = inspect.getsourcefile(type(arm))
+    return () if path is None or Path(path).resolve().parent.parent == PACKAGE else (str(Path(path).resolve()),)
+
+
+def versions() -> dict[str, str]:
+    return {"torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def spec_key(spec: dict[str, Any]) -> str:
+    """The hash a run is stored and found under."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@cache
+def git_commit() -> str | None:
+    """The checkout's commit (with "-dirty" when files differ from it), or None outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=PACKAGE, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=PACKAGE, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("-dirty" if dirty.stdout.strip() else "")
+
+
+class RunStore:
+    """Finished runs as one JSON file each under `folder`, found by key; checkpoints of unfinished ones beside."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self._index: dict[str, Path] | None = None
+
+    def _files(self) -> dict[str, Path]:
+        if self._index is None:
+            self._index = {path.stem.rsplit("-", 1)[-1]: path for path in self.folder.glob("*.json")}
+        return self._index
+
+    def refresh(self) -> None:
+        """Forget the folder listing: other workers may have added runs since."""
+        self._index = None
+
+    def get(self, key: str) -> Run | None:
+        """The stored run of this key, or None (as of the last listing of the folder; `refresh` re-lists it)."""
+        path = self._files().get(key)
+        return Run.from_json(json.loads(path.read_text(encoding="utf-8"))) if path else None
+
+    def put(self, run: Run) -> Path:
+        path = self.folder / f"{run.arm}-lr{run.lr:.4g}-s{run.seed}-{run.key}.json"
+        write_json_atomic(path, run.to_json())
+        self.checkpoint(run.key).unlink(missing_ok=True)
+        self._index = None
+        return path
+
+    def runs(self) -> list[Run]:
+        """Every stored run, in file-name order."""
+        return [Run.from_json(json.loads(p.read_text(encoding="utf-8"))) for p in sorted(self._files().values())]
+
+    def checkpoint(self, key: str) -> Path:
+        return self.folder / "checkpoints" / f"{key}.safetensors"
+
+
+__all__ = ["Run", "RunStore", "code_fingerprint", "git_commit", "resolved_config", "spec_key"]

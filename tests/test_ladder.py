@@ -93,6 +93,19 @@ def test_the_floor_stage_seeds_each_length_at_the_bracketed_rate(fake_ladder):
             assert ladder.store.get(plan.key) is not None, (tokens, seed)
 
 
+def test_the_precision_stage_pairs_bf16_and_fp32_seeds_for_both_arms(fake_ladder):
+    ladder, trained = fake_ladder
+    run_stages(ladder, ["floor", "precision"], progress=False, log=lambda line: None)
+    s = ladder.settings
+    pairs = {(p.arm.name, p.settings.precision, p.settings.seed) for p in trained if p.arm.name != "plain-twin"}
+    for arm in ("control", "hires"):
+        for precision in ("bf16", "fp32"):
+            assert {(arm, precision, seed) for seed in range(s.precision_seeds)} <= pairs
+    summary = summarize(ladder)["precision"]["arms"]
+    assert summary["hires"]["difference"] == pytest.approx(0.0)  # the made-up losses ignore the precision
+    assert summary["control"]["spread"] == pytest.approx(0.001 * (s.precision_seeds - 1))
+
+
 def test_a_dead_workers_claim_is_taken_over(tmp_path):
     store = RunStore(tmp_path)
     assert claim(store, "abc") and not claim(store, "abc")  # held by this live process (for another worker)

@@ -8,6 +8,8 @@ FLOPs on the same batches, with the one recipe, bf16 and compiled (`hires_hf.exp
 - `floor`: the noise floor. The control at the middle rung's shape, its rate bracketed at one length, three
   seeds at each of several run lengths: how the seed spread (max - min) falls with tokens, and the shortest
   length whose spread is at most `FLOOR_NATS`. Every other run must be at least that long.
+- `precision`: bf16 against fp32 (the control and HiRes, two seeds each, at the floor's shape and rate): does
+  the fast path learn the same?
 - `grid`: every arm's rate bracketed (x2 grid, extended) at each rung but the top.
 - `top`: at the top rung, each arm at the rate carried over from the rung below and x sqrt(2) either side
   (extended by sqrt(2) if the best is at an edge), then a second seed for the control and the best HiRes.
@@ -108,6 +110,8 @@ class LadderSettings:
     floor_tokens: tuple[float, ...] = (1e6, 2e6, 4e6, 8e6, 16e6)
     floor_grid_tokens: float = 4e6  # the length the floor's rate is bracketed at
     floor_seeds: int = 3
+    precision_tokens: float = 2e6  # bf16 against fp32 at the floor's shape: this long, these seeds
+    precision_seeds: int = 2
     precision: str = "auto"
     compile: str = "auto"
     device: str = "cpu"
@@ -128,6 +132,7 @@ class LadderSettings:
             floor_tokens=(4e3, 8e3),
             floor_grid_tokens=4e3,
             floor_seeds=2,
+            precision_tokens=4e3,
             compile="off",
         )
         return cls(**{**fields, **overrides})
@@ -154,14 +159,23 @@ class Ladder:
     def arms(self) -> list[Arm]:
         return ladder_arms(self.settings.arms)
 
-    def plan(self, arm: Arm, rung: Rung, lr: float, seed: int = 0, flops: float | None = None) -> RunPlan:
+    def plan(
+        self,
+        arm: Arm,
+        rung: Rung,
+        lr: float,
+        seed: int = 0,
+        flops: float | None = None,
+        precision: str | None = None,
+    ) -> RunPlan:
         """The run of `arm` at `rung` (or at `flops` instead of the rung's), planned once and remembered."""
         s = self.settings
         budget = Budget(flops=flops or rung.flops, batch_size=s.batch_size)
-        index = (arm.name, arm.kind, repr(sorted(arm.fields.items())), rung.shape, lr, seed, budget)
+        precision = precision or s.precision
+        index = (arm.name, arm.kind, repr(sorted(arm.fields.items())), rung.shape, lr, seed, budget, precision)
         if index not in self._plans:
             self._plans[index] = plan_run(
-                arm, lr, rung.shape, self.data, budget, seed, self.device, s.evaluations, s.precision, s.compile
+                arm, lr, rung.shape, self.data, budget, seed, self.device, s.evaluations, precision, s.compile
             )
         return self._plans[index]
 
@@ -219,6 +233,22 @@ def floor_stage(ladder: Ladder) -> Iterator[RunPlan]:
             yield ladder.plan(control, rung, lr, seed, tokens * per_token)
 
 
+def precision_stage(ladder: Ladder) -> Iterator[RunPlan]:
+    """bf16 against fp32: the control and HiRes at the floor's shape and rate, `precision_seeds` seeds each, at
+    `precision_tokens` tokens (the bf16 control runs are the floor's own)."""
+    s, control = ladder.settings, ladder_arms(["control"])[0]
+    rung = ladder.rungs[s.floor_rung]
+    per_token = control.flops_per_token(rung.shape, ladder.data)
+    todo, losses = ladder.bracket(control, rung, s.rates, 2.0, s.floor_grid_tokens * per_token)
+    if todo or bracket_status(losses) != "bracketed":
+        return
+    lr = best_rate(losses)
+    for arm in ladder_arms(["control", "hires"]):
+        for precision in ("bf16", "fp32"):
+            for seed in range(s.precision_seeds):
+                yield ladder.plan(arm, rung, lr, seed, s.precision_tokens * per_token, precision=precision)
+
+
 def grid_stage(ladder: Ladder) -> Iterator[RunPlan]:
     """Every arm's rate bracketed (x2) at every rung but the top."""
     for rung in ladder.rungs[:-1]:
@@ -251,6 +281,7 @@ def top_stage(ladder: Ladder) -> Iterator[RunPlan]:
 
 STAGES: dict[str, Callable[[Ladder], Iterator[RunPlan]]] = {
     "floor": floor_stage,
+    "precision": precision_stage,
     "grid": grid_stage,
     "top": top_stage,
 }

@@ -98,10 +98,41 @@ def floor_points(ladder: Ladder) -> dict[str, Any]:
     }
 
 
+def precision_points(ladder: Ladder) -> dict[str, Any]:
+    """Per arm: the seeds' final losses in bf16 and in fp32, their means, spreads and the difference bf16 - fp32."""
+    floor = floor_points(ladder)
+    if not floor:
+        return {}
+    s = ladder.settings
+    rung = ladder.rungs[s.floor_rung]
+    per_token = ladder_arms(["control"])[0].flops_per_token(rung.shape, ladder.data)
+    arms = {}
+    for arm in ladder_arms(["control", "hires"]):
+        losses = {}
+        for precision in ("bf16", "fp32"):
+            plans = [
+                ladder.plan(arm, rung, floor["lr"], seed, s.precision_tokens * per_token, precision=precision)
+                for seed in range(s.precision_seeds)
+            ]
+            losses[precision] = [r.final_loss for r in map(ladder.store.get, (p.key for p in plans)) if r]
+        complete = all(len(v) == s.precision_seeds for v in losses.values())
+        arms[arm.name] = {
+            **losses,
+            "difference": statistics.fmean(losses["bf16"]) - statistics.fmean(losses["fp32"]) if complete else None,
+            "spread": max(max(v) - min(v) for v in losses.values()) if complete else None,
+        }
+    return {"shape": rung.name, "lr": floor["lr"], "tokens": s.precision_tokens, "arms": arms}
+
+
 def summarize(ladder: Ladder) -> dict[str, Any]:
     """Everything `summary.json` holds: rungs, per-arm cells, baselines, fits, the multiplier and the floor."""
     rungs = ladder.rungs
-    summary: dict[str, Any] = {"rungs": [], "floor": floor_points(ladder), "commands": list(COMMANDS)}
+    summary: dict[str, Any] = {
+        "rungs": [],
+        "floor": floor_points(ladder),
+        "precision": precision_points(ladder),
+        "commands": list(COMMANDS),
+    }
     for index, rung in enumerate(rungs):
         cells = rung_cells(ladder, rung, top=index == len(rungs) - 1 and len(rungs) > 1)
         vanillas = {name: cells[name]["loss"] for name in ("control", "plain-twin") if name in cells}
@@ -251,6 +282,25 @@ def markdown(summary: dict[str, Any]) -> str:
             + (f"{reached / 1e6:g}M tokens." if reached else "not reached yet."),
             "",
             "![noise floor](noise_floor.png)",
+            "",
+        ]
+    precision = summary["precision"]
+    if precision:
+        rows = [
+            (
+                name,
+                " ".join(f"{x:.4f}" for x in cell["bf16"]),
+                " ".join(f"{x:.4f}" for x in cell["fp32"]),
+                "-" if cell["difference"] is None else f"{cell['difference']:+.4f}",
+                "-" if cell["spread"] is None else f"{cell['spread']:.4f}",
+            )
+            for name, cell in precision["arms"].items()
+        ]
+        lines += [
+            f"**bf16 against fp32** ({precision['shape']}, lr {precision['lr']:.3g}, "
+            f"{precision['tokens'] / 1e6:g}M tokens; the difference of the seed means against the larger seed spread):",
+            "",
+            *markdown_table(["arm", "bf16 seeds", "fp32 seeds", "bf16 - fp32", "seed spread"], rows, "lllrr"),
             "",
         ]
     lines += [table(summary), "", "![ladder](ladder.png)", ""]

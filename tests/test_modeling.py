@@ -287,3 +287,20 @@ def test_agreement_check_catches_a_broken_experts_kernel(kernel) -> None:
 def test_grouped_mm_is_the_default_experts_kernel() -> None:
     model = AutoModelForCausalLM.from_config(HiResConfig.from_preset("tiny-moe"))
     assert model.config._experts_implementation == "grouped_mm"
+
+
+def test_forward_return_annotations_are_the_output_classes_not_strings() -> None:
+    """The Hub files carry no `from __future__ import annotations`: tools that read `forward`'s raw return annotation
+    (which outputs a model can record: router logits among them) see the class itself."""
+    import inspect
+    from pathlib import Path
+
+    from transformers.modeling_outputs import MoeModelOutputWithPast
+
+    from hires_hf import configuration_hires, modeling_hires
+
+    assert inspect.signature(HiResModel.forward).return_annotation is MoeModelOutputWithPast
+    causal = inspect.signature(HiResForCausalLM.forward).return_annotation
+    assert causal is modeling_hires.HiResCausalLMOutputWithPast and "router_logits" in causal.__dataclass_fields__
+    for module in (modeling_hires, configuration_hires):
+        assert "from __future__" not in Path(module.__file__).read_text()

@@ -162,6 +162,20 @@ def test_vllm_greedy_tokens_equal_transformers(offline: dict, name: str, dtype: 
     assert report["max_logprob_diff"] < (1e-4 if dtype == "float32" else 5e-2)
 
 
+@pytest.mark.parametrize("name", ["dense", "moe"])
+def test_the_hub_code_generates_with_its_cache_at_vllms_transformers_pin(folders: dict[str, Path], name: str) -> None:
+    """On the transformers vLLM installs (before 5.24's `cache` rename), `generate` with the KV cache (passed as
+    `past_key_values`, returned in that field) gives the tokens full forward passes give (modeling_hires.py, the
+    file the folder carries; here the installed package's copy, which transformers prefers)."""
+    folder = folders[name]
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    prompt = AutoTokenizer.from_pretrained(folder)(PROMPTS[0], add_special_tokens=False)["input_ids"]
+    expected, _ = transformers_greedy(folder, [prompt], MAX_TOKENS, "float32")
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, min_new_tokens=0)
+    assert out[0, len(prompt) :].tolist() == expected[0]
+
+
 def _token_ids(tokens: list[str]) -> list[int]:
     """vLLM's `return_tokens_as_token_ids` spells each token 'token_id:N'."""
     return [int(token.removeprefix("token_id:")) for token in tokens]

@@ -21,7 +21,7 @@ from hires_hf import HiResConfig, HiResForCausalLM
 from hires_hf.cli import main
 from hires_hf.eval import harness
 from hires_hf.eval.perplexity import sliding_window_perplexity, windows
-from hires_hf.eval.scaling import PowerLaw, Run, analyse, fit_power_law, read_runs
+from hires_hf.eval.scaling import Point, PowerLaw, analyse, fit_power_law, read_runs
 from hires_hf.eval.tasks import generate
 from hires_hf.stdlib_corpus import is_held_out
 from hires_hf.training import build_tokenizer
@@ -230,11 +230,11 @@ def test_perplexity_cli(folders: dict[str, Path], tmp_path: Path, capsys: pytest
 # ---------------------------------------------------------------- scaling
 
 
-def _ladder(laws: dict[str, PowerLaw], noise: float, points: int = 12, seed: int = 0) -> list[Run]:
+def _ladder(laws: dict[str, PowerLaw], noise: float, points: int = 12, seed: int = 0) -> list[Point]:
     rng = np.random.default_rng(seed)
     compute = np.geomspace(1e15, 1e19, points)
     return [
-        Run(arch=arch, params=int(c / 1e9), flops=float(c), loss=float(loss))
+        Point(arch=arch, params=int(c / 1e9), flops=float(c), loss=float(loss))
         for arch, law in laws.items()
         for c, loss in zip(compute, law.loss(compute) * np.exp(rng.normal(0, noise, points)))
     ]

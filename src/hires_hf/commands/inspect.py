@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 from ..diagnostics.inspection import inspect
+from ..training.prepare import probe_ids
 from . import default
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    return inspect(args.target, out=args.out, text=args.text, seq_len=args.seq_len, batch=args.batch)
+    ids = partial(probe_ids, text_path=args.text, seq_len=args.seq_len, batch=args.batch)
+    return inspect(args.target, out=args.out, probe_ids=ids)
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +25,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("target", help="a saved model folder, a run output folder, or a diagnostics.jsonl")
     parser.add_argument("--text", help="probe text file (default: held-out Python stdlib sources)")
-    parser.add_argument("--seq-len", type=int, default=default(inspect, "seq_len"))
-    parser.add_argument("--batch", type=int, default=default(inspect, "batch"))
+    parser.add_argument("--seq-len", type=int, default=default(probe_ids, "seq_len"))
+    parser.add_argument("--batch", type=int, default=default(probe_ids, "batch"))
     parser.add_argument("--out", help="folder for the figure (default: next to the target, never inside a model)")
     parser.set_defaults(func=run_inspect)

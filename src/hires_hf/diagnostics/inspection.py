@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..errors import HiResUserError
 from ..tables import markdown_row, markdown_table
@@ -12,12 +15,16 @@ from .recorder import DIAGNOSTICS_FILE, read_rows
 
 
 def inspect(
-    target: str | Path, *, out: str | Path | None = None, text: str | None = None, seq_len: int = 128, batch: int = 8
+    target: str | Path,
+    *,
+    out: str | Path | None = None,
+    probe_ids: Callable[[Path, Any], torch.Tensor] | None = None,
 ) -> int:
     """Print the table for `target` and write its figure (and a model's numbers) to `out` (default: beside it).
 
-    `text`, `seq_len` and `batch` say what a model folder is probed on: `batch` rows of `seq_len` tokens of the
-    text file (default: held-out Python stdlib sources).
+    A model folder is probed on `probe_ids(folder, config)`: (rows, tokens) ids the caller prepares (the inspect
+    command: held-out text through the folder's tokenizer, `hires_hf.training.prepare.probe_ids`); without it,
+    seeded random ids over the vocabulary.
     """
     target = Path(target)
     # a diagnostics.jsonl, a Trainer output folder holding one, or `hires-hf train`'s OUTPUT_DIR (in checkpoints/)
@@ -28,7 +35,7 @@ def inspect(
     if run_file is not None:
         return _inspect_run(run_file, Path(out) if out else run_file.parent)
     if (target / "config.json").is_file():
-        return _inspect_model(target, out, text, seq_len, batch)
+        return _inspect_model(target, out, probe_ids)
     raise HiResUserError(
         f"{target} holds neither a {DIAGNOSTICS_FILE} (a run trained with `hires-hf train --diagnostics-every N` or"
         " with DiagnosticsCallback) nor a config.json (a model folder); pass one of those."
@@ -62,8 +69,7 @@ def run_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _inspect_model(folder: Path, out: str | Path | None, text: str | None, seq_len: int, batch: int) -> int:
-    import torch
+def _inspect_model(folder: Path, out: str | Path | None, probe_ids: Callable[[Path, Any], torch.Tensor] | None) -> int:
     from transformers import AutoModelForCausalLM
 
     import hires_hf  # noqa: F401  (registers the hires model type)
@@ -72,7 +78,10 @@ def _inspect_model(folder: Path, out: str | Path | None, text: str | None, seq_l
     from .probes import attention_entropy, projection_spectra, stream_probe
 
     model = AutoModelForCausalLM.from_pretrained(folder)
-    ids = _probe_ids(folder, model.config, text, seq_len, batch)
+    if probe_ids is None:
+        ids = torch.randint(0, model.config.vocab_size, (8, 128), generator=torch.Generator().manual_seed(0))
+    else:
+        ids = probe_ids(folder, model.config)
     with torch.no_grad():
         probe = stream_probe(model, ids)
         probe["attention_entropy"] = attention_entropy(model, ids)
@@ -120,29 +129,6 @@ def probe_table(probe: dict[str, Any]) -> str:
     for name, values in probe.get("spectra", {}).items():
         lines.append(f"top singular values {name}: " + " ".join(f"{v:.3g}" for v in values))
     return "\n".join(lines)
-
-
-def _probe_ids(folder: Path, config, text_path: str | None, seq_len: int, batch: int):
-    """Token ids to probe with: the given text, else held-out stdlib sources, tokenized by the folder's tokenizer."""
-    import torch
-
-    from ..training.tokenizer import load_tokenizer
-
-    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
-        generator = torch.Generator().manual_seed(0)
-        return torch.randint(0, config.vocab_size, (batch, seq_len), generator=generator)
-    tokenizer = load_tokenizer(folder)
-    if text_path is not None:
-        text = Path(text_path).read_text(encoding="utf-8", errors="replace")
-    else:
-        from ..training.data import load_default_corpus
-
-        text = "\n".join(load_default_corpus(max_chars=2_000_000).validation)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"][: batch * seq_len]
-    if len(ids) < seq_len:
-        raise HiResUserError(f"The probe text has {len(ids)} tokens; give at least --seq-len={seq_len}.")
-    rows = len(ids) // seq_len
-    return torch.tensor(ids[: rows * seq_len]).view(rows, seq_len)
 
 
 __all__ = ["inspect", "probe_table", "run_table"]

@@ -5,12 +5,12 @@ lm-eval (the `eval` extra) is imported only by `harness` functions that run it.
 """
 
 from .perplexity import Perplexity, sliding_window_perplexity
-from .scaling import PowerLaw, Run, analyse, efficiency_multiplier, fit_power_law, read_runs
+from .scaling import Point, PowerLaw, analyse, efficiency_multiplier, fit_power_law, read_runs
 
 __all__ = [
     "Perplexity",
+    "Point",
     "PowerLaw",
-    "Run",
     "analyse",
     "efficiency_multiplier",
     "fit_power_law",

@@ -28,8 +28,9 @@ REQUIRED_FIELDS = ("arch", "params", "flops", "loss")
 
 
 @dataclass(frozen=True)
-class Run:
-    """One training run: what was trained, the compute it took, the loss it reached."""
+class Point:
+    """One point of a scaling fit: what was trained, the compute it took, the loss it reached (one run, or the
+    mean of a cell's seeds)."""
 
     arch: str
     params: int
@@ -37,7 +38,7 @@ class Run:
     loss: float
 
 
-def _run_from_record(record: object, where: str) -> Run:
+def _run_from_record(record: object, where: str) -> Point:
     if not isinstance(record, dict):
         raise HiResUserError(f"{where}: a run must be an object with {', '.join(REQUIRED_FIELDS)}; got {record!r}.")
     missing = [name for name in REQUIRED_FIELDS if name not in record]
@@ -50,7 +51,7 @@ def _run_from_record(record: object, where: str) -> Run:
         value = record[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise HiResUserError(f"{where}: {name} must be a positive number; got {value!r}.")
-    return Run(arch=arch, params=int(record["params"]), flops=float(record["flops"]), loss=float(record["loss"]))
+    return Point(arch=arch, params=int(record["params"]), flops=float(record["flops"]), loss=float(record["loss"]))
 
 
 def _jsonl_records(path: Path, text: str) -> list[tuple[str, object]]:
@@ -65,7 +66,7 @@ def _jsonl_records(path: Path, text: str) -> list[tuple[str, object]]:
     return records
 
 
-def read_runs(path: str | Path) -> list[Run]:
+def read_runs(path: str | Path) -> list[Point]:
     """Runs from a JSON or JSONL file; a malformed record is reported with its line (JSONL) or index (JSON)."""
     path = Path(path)
     if not path.is_file():
@@ -171,7 +172,7 @@ def _minimum_points(irreducible: bool) -> int:
 class ArchFit:
     arch: str
     law: PowerLaw
-    runs: list[Run]
+    runs: list[Point]
     rmse_log: float  # root-mean-square residual of log L: the relative scatter around the fit
 
 
@@ -207,9 +208,9 @@ class ScalingReport:
         }
 
 
-def fit_architectures(runs: Sequence[Run], irreducible: bool = False) -> dict[str, ArchFit]:
+def fit_architectures(runs: Sequence[Point], irreducible: bool = False) -> dict[str, ArchFit]:
     """One law per architecture; each needs enough distinct compute values to pin its parameters."""
-    by_arch: dict[str, list[Run]] = {}
+    by_arch: dict[str, list[Point]] = {}
     for run in runs:
         by_arch.setdefault(run.arch, []).append(run)
     fits = {}
@@ -244,7 +245,7 @@ def _bootstrap_laws(fit: ArchFit, irreducible: bool, rng: np.random.Generator, s
 
 
 def analyse(
-    runs: Sequence[Run],
+    runs: Sequence[Point],
     baseline: str = "control",
     irreducible: bool = False,
     at_compute: float | None = None,
@@ -351,8 +352,8 @@ def plot_fits(report: ScalingReport, path: str | Path) -> Path:
 __all__ = [
     "ArchFit",
     "Multiplier",
+    "Point",
     "PowerLaw",
-    "Run",
     "ScalingReport",
     "analyse",
     "efficiency_multiplier",

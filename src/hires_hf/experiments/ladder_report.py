@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HiResUserError
-from ..eval.scaling import Run as ScalingRun
-from ..eval.scaling import analyse
+from ..eval.scaling import Point, analyse
 from ..io import write_json_atomic, write_text_atomic
 from ..plotting import ARM_COLOURS, Curve, draw_loss_vs_flops, pyplot, save_figure
 from ..tables import markdown_table
@@ -163,9 +162,9 @@ def fit(summary: dict[str, Any]) -> dict[str, Any] | None:
     top = complete[-1]
     points = []
     for rung in complete:
-        points.append(ScalingRun("baseline", 1, rung["flops"], rung["arms"][rung["baseline"]]["loss"]))
+        points.append(Point("baseline", 1, rung["flops"], rung["arms"][rung["baseline"]]["loss"]))
         for name, cell in rung["arms"].items():
-            points.append(ScalingRun(name, 1, rung["flops"], cell["loss"]))
+            points.append(Point(name, 1, rung["flops"], cell["loss"]))
     hires = top["best_hires"]
     chosen = [p for p in points if p.arch in ("baseline", hires)]
     report = analyse(chosen, baseline="baseline", at_compute=top["flops"], bootstrap=2000)

@@ -148,4 +148,24 @@ def unigram_loss(train: torch.Tensor, validation: torch.Tensor) -> float:
     return -sum(math.log((counts.get(t, 0) + 1) / total) for t in targets) / len(targets)
 
 
-__all__ = ["Data", "load_corpus", "pack_splits", "prepare_data", "unigram_loss"]
+def probe_ids(
+    folder: Path, config: Any, text_path: str | None = None, seq_len: int = 128, batch: int = 8
+) -> torch.Tensor:
+    """(rows, seq_len) token ids to probe a model folder with: `batch` rows of the text file (default: held-out
+    stdlib sources) through the folder's tokenizer; seeded random ids when the folder has no tokenizer."""
+    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
+        generator = torch.Generator().manual_seed(0)
+        return torch.randint(0, config.vocab_size, (batch, seq_len), generator=generator)
+    tokenizer = load_tokenizer(folder)
+    if text_path is not None:
+        text = Path(text_path).read_text(encoding="utf-8", errors="replace")
+    else:
+        text = "\n".join(load_default_corpus(max_chars=2_000_000).validation)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][: batch * seq_len]
+    if len(ids) < seq_len:
+        raise HiResUserError(f"The probe text has {len(ids)} tokens; give at least --seq-len={seq_len}.")
+    rows = len(ids) // seq_len
+    return torch.tensor(ids[: rows * seq_len]).view(rows, seq_len)
+
+
+__all__ = ["Data", "load_corpus", "pack_splits", "prepare_data", "probe_ids", "unigram_loss"]

@@ -1,114 +1,246 @@
-"""How to spend 2 CPU cores on many small training runs: one process with 2 threads, two processes with one thread
-each, or `torch.compile`. Measured on the sweep's d=128, L=16 HiRes (batches of 16 x 128 tokens), side by side in
-one run; reports aggregate training tokens/s and the ratio to one process with one thread.
+"""How fast the package trains on this CPU, in every layout, against the cores' own bf16 matmul peak.
 
-    python -m benchmarks.cpu_throughput          # ~3 minutes; writes benchmarks/results/cpu_throughput.{md,json}
+For d in {128, 256, 512} (the package's shape rule, 8 layers, batches of 16 x 256 tokens, the package's optimizer
+and counted FLOPs), HiRes and its control in fp32, bf16 autocast and bf16 autocast + `torch.compile`, as one
+process with every thread or one single-threaded process per core. Reports counted training TFLOP/s, the share
+of the measured bf16 matmul peak of the same cores, the compile's warm-up (for the first model of a shape and
+for a second one in the same process: the compiled graph is reused) and the run length from which the compile
+pays for itself. Every cell is measured in this one run, one after the other; run it on a quiet machine.
+
+    python -m benchmarks.cpu_throughput            # ~15 minutes; writes benchmarks/results/cpu_throughput/
+    python -m benchmarks.cpu_throughput --smoke    # seconds (tests)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 
 from hires_hf.io import write_json_atomic, write_text_atomic
+from hires_hf.plotting import pyplot, save_figure
 from hires_hf.tables import markdown_table
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu_throughput"
+PRECISIONS = ("fp32", "bf16", "bf16+compile")
 
 
-def measure(threads: int, compiled: bool, steps: int, batch: int, context: int) -> dict[str, float]:
-    """Training tokens/s of one process: a warm-up (compilation included) then `steps` timed optimizer steps."""
-    from transformers import AutoModelForCausalLM
+def matmul_peak(threads: int, dtype: torch.dtype, size: int = 4096, seconds: float = 3.0) -> float:
+    """TFLOP/s of repeated (size x size) @ (size x size) products on `threads` threads: the cores' peak."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+    return 2 * size**3 * count / (time.perf_counter() - start) / 1e12
 
-    from hires_hf.experiments.harness import Shape
+
+def measure(arm: str, width: int, precision: str, threads: int, steps: int, batch: int, context: int) -> dict:
+    """One process: a model of `arm` at `width`, warm-up (compile included), `steps` timed optimizer steps;
+    with compile, a second fresh model of the same shape is warmed up too (how much of the compile is reused)."""
+    from hires_hf.accounting import train_flops_per_token
+    from hires_hf.experiments.harness import CONTROL, HIRES, Arm, Shape
+    from hires_hf.training.loop import LoopSettings, autocast, build_optimizer
 
     torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    config = Shape().config({"pad_token_id": 0, "bos_token_id": None, "eos_token_id": 0}, context)
-    model = AutoModelForCausalLM.from_config(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    forward = torch.compile(model) if compiled else model
+    shape = Shape(hidden_size=width, num_hidden_layers=8)
+    chosen = Arm(arm, HIRES if arm == "hires" else CONTROL)
+
+    blocks = SimpleNamespace(special={"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 1}, context=context)
+    config = chosen.config(shape, blocks)  # what Arm needs of the data: the special ids and the context
+    cpu = torch.device("cpu")
     ids = torch.randint(0, config.vocab_size, (batch, context))
 
-    def step() -> None:
-        forward(input_ids=ids, labels=ids).loss.backward()
+    def warm_model() -> tuple[Any, Any, float]:
+        torch.manual_seed(0)
+        model = chosen.model(shape, blocks)
+        optimizer = build_optimizer(model, LoopSettings(steps=1, batch_size=batch, learning_rate=1e-3))
+        forward = torch.compile(model) if precision == "bf16+compile" else model
+        start = time.perf_counter()
+        for _ in range(2):
+            step(forward, optimizer)
+        return forward, optimizer, time.perf_counter() - start
+
+    def step(forward: Any, optimizer: Any) -> None:
+        with autocast(cpu, "fp32" if precision == "fp32" else "bf16"):
+            loss = forward(input_ids=ids, labels=ids).loss
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    start = time.perf_counter()
-    for _ in range(2):
-        step()
-    warmup = time.perf_counter() - start
+    forward, optimizer, warmup = warm_model()
     start = time.perf_counter()
     for _ in range(steps):
-        step()
+        step(forward, optimizer)
     seconds = time.perf_counter() - start
-    return {"tokens_per_second": steps * batch * context / seconds, "warmup_seconds": warmup}
+    second_warmup = warm_model()[2] if precision == "bf16+compile" else None
+    tokens_per_second = steps * batch * context / seconds
+    return {
+        "tokens_per_second": tokens_per_second,
+        "tflops": tokens_per_second * train_flops_per_token(config, context) / 1e12,
+        "warmup_seconds": warmup,
+        "second_model_warmup_seconds": second_warmup,
+    }
 
 
-def in_processes(count: int, threads: int, compiled: bool, steps: int) -> dict[str, float]:
-    """`count` processes at once, each measuring itself; their tokens/s add up."""
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.cpu_throughput",
-        "--child",
-        str(threads),
-        str(int(compiled)),
-        str(steps),
-    ]
-    children = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(count)]
+def in_processes(processes: int, threads: int, cell: dict[str, Any], steps: int, batch: int, context: int) -> dict:
+    """`processes` copies of one measurement at once; their throughputs add up, their warm-ups overlap."""
+    settings = {**cell, "threads": threads, "steps": steps, "batch": batch, "context": context}
+    command = [sys.executable, "-m", "benchmarks.cpu_throughput", "--child", json.dumps(settings)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    children = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env) for _ in range(processes)]
     results = [json.loads(child.communicate()[0].strip().splitlines()[-1]) for child in children]
+    if any(child.returncode for child in children):
+        raise RuntimeError(f"a measurement process failed: {cell}")
     return {
         "tokens_per_second": sum(r["tokens_per_second"] for r in results),
+        "tflops": sum(r["tflops"] for r in results),
         "warmup_seconds": max(r["warmup_seconds"] for r in results),
+        "second_model_warmup_seconds": results[0]["second_model_warmup_seconds"],
     }
+
+
+def break_even_flops(eager: dict[str, float], compiled: dict[str, float]) -> float | None:
+    """Counted FLOPs of a run from which compiling saves more time than its warm-up costs."""
+    saved_per_flop = 1 / (eager["tflops"] * 1e12) - 1 / (compiled["tflops"] * 1e12)
+    return compiled["warmup_seconds"] / saved_per_flop if saved_per_flop > 0 else None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    cores = os.cpu_count() or 1
+    layouts = {f"1 process x {cores} threads": (1, cores), f"{cores} processes x 1 thread": (cores, 1)}
+    peak = {"bf16": matmul_peak(cores, torch.bfloat16), "fp32": matmul_peak(cores, torch.float32)}
+    peak["bf16 one core"] = matmul_peak(1, torch.bfloat16)
+    rows = []
+    for width in args.widths:
+        for arm in ("hires", "control"):
+            for precision in args.precisions:
+                for layout, (processes, threads) in layouts.items():
+                    cell = {"arm": arm, "width": width, "precision": precision}
+                    result = in_processes(processes, threads, cell, args.steps, args.batch, args.context)
+                    share = result["tflops"] / peak["bf16"]
+                    rows.append({**cell, "layout": layout, **result, "share_of_bf16_peak": share})
+                    print(f"{width} {arm} {precision} {layout}: {result['tflops']:.3f} TFLOP/s", flush=True)
+    return {"peak_tflops": peak, "rows": rows, "batch": args.batch, "context": args.context, "steps": args.steps}
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    rows = []
+    for row in result["rows"]:
+        warm = row["second_model_warmup_seconds"]
+        rows.append(
+            (
+                f"{row['width']}x8",
+                row["arm"],
+                row["precision"],
+                row["layout"],
+                f"{row['tokens_per_second']:,.0f}",
+                f"{row['tflops']:.3f}",
+                f"{row['share_of_bf16_peak']:.0%}",
+                f"{row['warmup_seconds']:.1f}" + ("" if warm is None else f" / {warm:.1f}"),
+            )
+        )
+    headers = ["shape", "arm", "precision", "layout", "tokens/s", "TFLOP/s", "of bf16 peak", "warm-up s (2nd model)"]
+    return markdown_table(headers, rows, "llllrrrr")
+
+
+def compile_lines(result: dict[str, Any]) -> list[str]:
+    """Per shape and layout: from how many counted FLOPs a run repays its compile (HiRes)."""
+    lines = []
+    for width in sorted({row["width"] for row in result["rows"]}):
+        for layout in sorted({row["layout"] for row in result["rows"]}):
+            cells = {
+                r["precision"]: r
+                for r in result["rows"]
+                if (r["width"], r["arm"], r["layout"]) == (width, "hires", layout)
+            }
+            if "bf16+compile" not in cells or "bf16" not in cells:
+                continue
+            flops = break_even_flops(cells["bf16"], cells["bf16+compile"])
+            speedup = cells["bf16+compile"]["tflops"] / cells["bf16"]["tflops"]
+            lines.append(
+                f"- {width}x8, {layout}: compile x{speedup:.2f} over bf16 eager; repays itself from "
+                + (f"{flops:.2g} counted FLOPs a run" if flops else "never")
+            )
+    return lines
+
+
+def plot(result: dict[str, Any], path: Path) -> Path:
+    plt = pyplot()
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    layouts = sorted({row["layout"] for row in result["rows"]})
+    widths = sorted({row["width"] for row in result["rows"]})
+    for axis, layout in zip(axes, layouts, strict=True):
+        for precision, colour in zip(PRECISIONS, ("tab:gray", "tab:blue", "tab:red"), strict=True):
+            for arm, marker in (("hires", "o"), ("control", "s")):
+                cells = {
+                    r["width"]: r["share_of_bf16_peak"]
+                    for r in result["rows"]
+                    if (r["arm"], r["precision"], r["layout"]) == (arm, precision, layout)
+                }
+                if not cells:
+                    continue
+                shares = [cells[w] for w in widths]
+                axis.plot(widths, [100 * s for s in shares], marker=marker, color=colour, label=f"{precision} {arm}")
+        axis.axhline(25, color="black", linestyle=":", linewidth=1)
+        axis.set(xscale="log", xlabel="hidden size d (L = 8)", title=layout)
+        axis.set_xticks(widths, [str(w) for w in widths])
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("counted training TFLOP/s, % of the cores' bf16 matmul peak")
+    axes[0].legend(fontsize=7)
+    return save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12, help="timed optimizer steps per measurement")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--widths", type=int, nargs="+", default=[128, 256, 512])
+    parser.add_argument("--steps", type=int, default=5, help="timed optimizer steps per measurement")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    parser.add_argument("--smoke", action="store_true", help="tiny widths and batches, into a temporary folder")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        threads, compiled, steps = (int(value) for value in args.child)
-        print(json.dumps(measure(threads, bool(compiled), steps, 16, 128)))
+        cell = json.loads(args.child)
+        keys = ("arm", "width", "precision", "threads", "steps", "batch", "context")
+        print(json.dumps(measure(*(cell[k] for k in keys))))
         return 0
-    layouts = {
-        "1 process x 1 thread": (1, 1, False),
-        "1 process x 2 threads": (1, 2, False),
-        "2 processes x 1 thread": (2, 1, False),
-        "1 process x 2 threads, torch.compile": (1, 2, True),
-        "2 processes x 1 thread, torch.compile": (2, 1, True),
-    }
-    rows = {name: in_processes(*layout, args.steps) for name, layout in layouts.items()}
-    base = rows["1 process x 1 thread"]["tokens_per_second"]
+    if args.smoke:
+        args.widths, args.steps, args.batch, args.context, args.precisions = [32, 64], 1, 2, 32, ["fp32", "bf16"]
+    result = run(args) | {"command": "python -m benchmarks.cpu_throughput " + " ".join(argv or sys.argv[1:])}
+    peak = result["peak_tflops"]
     lines = [
-        "# Spending 2 CPU cores on small training runs",
+        "# Training throughput on this CPU",
         "",
-        f"`python -m benchmarks.cpu_throughput` (d=128, L=16 HiRes, batches of 16 x 128, {args.steps} timed steps "
-        "after 2 warm-up steps; every layout measured in this one run).",
+        f"`{result['command'].strip()}`: the package's shape rule at d x 8, batches of {args.batch} x {args.context}, "
+        f"{args.steps} timed steps after 2 warm-up steps, every cell in this one run. The cores' measured matmul "
+        f"peak: bf16 {peak['bf16']:.2f} TFLOP/s ({peak['bf16 one core']:.2f} on one core), fp32 {peak['fp32']:.2f}.",
         "",
+        *table(result),
+        "",
+        "When `torch.compile` pays (HiRes; the loop compiles runs of at least `COMPILE_MIN_FLOPS` counted FLOPs):",
+        "",
+        *compile_lines(result),
+        "",
+        "![share of peak](cpu_throughput.png)",
     ]
-    cells = [
-        [
-            name,
-            f"{row['tokens_per_second']:,.0f}",
-            f"{row['tokens_per_second'] / base:.2f}x",
-            f"{row['warmup_seconds']:.1f}",
-        ]
-        for name, row in rows.items()
-    ]
-    lines += markdown_table(["layout", "training tokens/s (all processes)", "vs 1 x 1", "warm-up s"], cells, "lrrr")
     text = "\n".join(lines) + "\n"
-    write_text_atomic(RESULTS / "cpu_throughput.md", text)
-    write_json_atomic(RESULTS / "cpu_throughput.json", rows)
+    write_json_atomic(args.out / "cpu_throughput.json", result)
+    plot(result, args.out / "cpu_throughput.png")
+    write_text_atomic(args.out / "cpu_throughput.md", text)
     print(text)
     return 0
 

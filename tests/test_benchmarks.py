@@ -98,14 +98,16 @@ def test_tiny_cost_run_counts_what_the_accounting_predicts_and_writes_a_report(t
     report.save_json(tmp_path / "results" / "cost" / "cost.json", result)
     text = report.write_results(tmp_path).read_text()
     assert all(f"| {name} |" in text for name in names)
-    assert "Quality half" in text and (tmp_path / "results" / "cost" / "cost_ratios.png").stat().st_size > 0
+    assert "## Compute ladder" in text and (tmp_path / "results" / "cost" / "cost_ratios.png").stat().st_size > 0
     assert "![cost_ratios.png](results/cost/cost_ratios.png)" in text
 
 
-def test_results_md_is_built_from_every_experiment_folder_the_sweep_first_and_the_archive_listed(tmp_path):
-    """One folder an experiment; each links its figures from its own folder, RESULTS.md from the benchmarks'."""
+def test_results_md_is_built_from_every_experiment_folder_the_ladder_first_and_the_archive_listed(tmp_path):
+    """One folder an experiment; each links its figures from its own folder, RESULTS.md from the benchmarks'.
+    The compute ladder (the verdict) comes first, then the design sweep that chose the defaults."""
     results = tmp_path / "results"
     for name, text in {
+        "ladder/ladder.md": "# Compute ladder\n\n![ladder](ladder.png)\n",
         "sweep/128x16/sweep.md": "# Design sweep at 128x16\n\nverdict\n\n## Length check\n\n![s](sweep.png)\n",
         "stability/stability.md": "## Stability grid\n\n![grid](stability.png)\n",
         "demo/table.md": "| model | loss |\n|---|---:|\n| control | 3.6 |\n",
@@ -115,10 +117,11 @@ def test_results_md_is_built_from_every_experiment_folder_the_sweep_first_and_th
         (results / name).write_text(text)
     text = report.write_results(tmp_path).read_text()
     sections = [line for line in text.splitlines() if line.startswith("## ")]
-    assert sections[0] == "## Design sweep at 128x16" and "### Length check" in text  # demoted under the page
+    assert sections[:2] == ["## Compute ladder", "## Design sweep at 128x16"] and "### Length check" in text
+    assert "![ladder](results/ladder/ladder.png)" in text
     assert "![s](results/sweep/128x16/sweep.png)" in text and "![grid](results/stability/stability.png)" in text
     assert "## From `results/demo/table.md`" in text and "| control | 3.6 |" in text
-    assert "Not run yet: `python -m benchmarks --only cost`" in text and "Not run with the current defaults" in text
+    assert "Not run yet: `python -m benchmarks --only cost`" in text
     assert sections[-1] == "## Archive: superseded runs"
     assert "- [Ladder at k = 4 (old defaults)](results/archive/ladder_k4/ladder_k4.md)" in text
     assert "scaling_fit.png" not in text  # an archived run is listed, not inlined
@@ -317,3 +320,19 @@ def test_stability_extend_runs_only_the_missing_cells_of_the_same_experiment(tmp
     assert runs[0] == first[0]  # kept, not re-run
     with pytest.raises(SystemExit, match="differs in vanilla_steps"):
         stability([*out, "--extend", "--lrs", "5e-3", "--vanilla-steps", "3"])
+
+
+def test_cpu_throughput_counts_flops_of_the_trained_model_and_says_when_compile_pays(tmp_path):
+    """One cell measured in-process: counted TFLOP/s is tokens/s times the accounting's FLOPs per token; the
+    compile's break-even is its warm-up over the time it saves per FLOP."""
+    from benchmarks import cpu_throughput
+    from hires_hf.accounting import train_flops_per_token
+    from hires_hf.experiments.harness import Shape
+
+    cell = cpu_throughput.measure("hires", 32, "bf16", threads=1, steps=1, batch=2, context=32)
+    config = Shape(hidden_size=32, num_hidden_layers=8).config({"pad_token_id": 0}, 32)
+    expected = cell["tokens_per_second"] * train_flops_per_token(config, 32) / 1e12
+    assert cell["tflops"] == pytest.approx(expected, rel=1e-6) and cell["second_model_warmup_seconds"] is None
+    eager, compiled = {"tflops": 0.1}, {"tflops": 0.2, "warmup_seconds": 30.0}
+    assert cpu_throughput.break_even_flops(eager, compiled) == pytest.approx(30.0 / (1 / 0.1e12 - 1 / 0.2e12))
+    assert cpu_throughput.break_even_flops(compiled | {"warmup_seconds": 1.0}, eager | {"warmup_seconds": 1.0}) is None

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The GPU checks, in the order they matter (about 21 minutes on one H200; PHASES=compare alone fits in 10), each writing as it goes under $OUT:
+# The GPU checks, in the order they matter (PHASES=compare alone fits in 10 minutes on one H200), each writing as it goes under $OUT:
 #   compare:   `hires-hf compare` at d=512, L=16, k=4: the shipped HiRes against the scaled-embedding control,
 #              12M control tokens a run, each over its own bracketing grid from 5e-4 / 1e-3 / 2e-3 (~8 minutes).
 #   stability: the stability grid at d=512, L=16 (docs/stability.md), HiRes vs its twin over peak learning
 #              rates, and the old default (vanilla-scale embedding) at 1e-3 and 2e-3: does the stall reproduce?
-#   ladder:    the GPU scaling ladder (`hires-hf ladder --preset gpu`).
+#   ladder:    the compute ladder's stages on the GPU (`hires-hf ladder --device cuda`), a cross-check of the CPU
+#              numbers; resumable: the finished runs come back under $OUT/ladder/runs and, carried back, are reused.
 # Usage: OUT=runs/gpu scripts/gpu_session.sh
-#   PHASES=stability|ladder runs one of them; STAB_STEPS, STAB_LRS, STAB_ARCHS, LADDER_MINUTES, LADDER_ARGS and
+#   PHASES=stability|ladder runs one of them; STAB_STEPS, STAB_LRS, STAB_ARCHS, LADDER_STAGES, LADDER_ARGS and
 #   MAX_CHARS shrink them to fit less GPU time; SMOKE=1 runs seconds-long versions; JSON_ONLY=1 leaves only the
 #   JSON and the logs under $OUT (rebuild a table and figure with `python benchmarks/stability.py --render FILE.json`).
 set -uo pipefail
@@ -43,10 +44,10 @@ if [[ " $PHASES " == *" stability "* ]]; then
 fi
 
 if [[ " $PHASES " == *" ladder "* ]]; then
-  ladder=(-m hires_hf.cli ladder --preset gpu --budget-minutes "${LADDER_MINUTES:-7}" --max-chars "${MAX_CHARS:-80000000}")
-  [ -n "${SMOKE:-}" ] && ladder=(-m hires_hf.cli ladder --preset gpu --smoke)
+  ladder=(-m hires_hf.cli ladder --device cuda --stages ${LADDER_STAGES:-grid top} --out "$OUT/ladder" --quiet)
+  [ -n "${SMOKE:-}" ] && ladder=(-m hires_hf.cli ladder --device cuda --smoke --out "$OUT/ladder" --quiet)
   [ -n "${LADDER_ARGS:-}" ] && ladder+=($LADDER_ARGS)
-  timeout "${LADDER_SECONDS:-480}" "$PY" "${ladder[@]}" --out "$OUT/ladder/runs.jsonl" 2>&1 | tr '\r' '\n' \
-    | grep -v "FLOP/s\|it/s" | tee "$OUT/ladder/log.txt" | tail -15
+  timeout "${LADDER_SECONDS:-480}" "$PY" "${ladder[@]}" 2>&1 | tee "$OUT/ladder/log.txt" | tail -15
+  rm -rf "$OUT/ladder/runs/checkpoints" "$OUT/ladder/runs/claims"
 fi
 echo "done"

@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.integrations.moe import ExpertsInterface, batched_mm_experts_forward
-from util import VOCAB, hires_from_vanilla, llama, olmoe, perturbed, tiny_hires
 
 from hires_hf import HiResConfig, HiResForCausalLM, HiResForSequenceClassification, HiResModel
 from hires_hf.modeling_hires import load_balancing_loss, router_z_loss
+from tests.util import VOCAB, hires_from_vanilla, llama, olmoe, perturbed, tiny_hires
 
 FAMILIES = {"llama": llama, "olmoe": olmoe}
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoModelForCausalLM
-from util import VOCAB, tiny_hires
 
 from hires_hf import HiResForCausalLM, HiResModel
+from tests.util import VOCAB, tiny_hires
 
 # Run in a child interpreter: any attempt to import hires_hf fails, as on a machine without the package.
 BLOCK_HIRES = """

@@ -50,6 +50,42 @@ from .harness import (
 )
 
 SHAPE = re.compile(r"^\d+x\d+$")
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """The compute ladder's measured noise floor (docs/research.md): three control seeds at their best rate, on
+    this interpreter's Python sources in batches of 32 x 256 tokens, end within `nats` of each other from
+    `tokens` training tokens on (`reached`); or, while not reached, still `spread` apart at the longest length
+    run so far (`tokens`). It is a property of that corpus and shape: another corpus has its own."""
+
+    shape: str
+    tokens: float
+    nats: float
+    spread: float
+    reached: bool
+
+
+# Filled from benchmarks/results/ladder/summary.json's "floor" by the ladder's report stage (see docs/research.md).
+NOISE_FLOOR: NoiseFloor | None = None
+
+
+def floor_warning(control_tokens: float, floor: NoiseFloor | None = NOISE_FLOOR) -> str | None:
+    """One line when a run is shorter than the measured noise floor: gaps under the seed spread are then noise."""
+    if floor is None or control_tokens >= floor.tokens:
+        return None
+    measured = (
+        f"seeds agree within {floor.nats} nats from {floor.tokens / 1e6:g}M tokens"
+        if floor.reached
+        else f"seeds were still {floor.spread:.3f} nats apart at {floor.tokens / 1e6:g}M tokens"
+    )
+    return (
+        f"Warning: {control_tokens / 1e6:.3g}M control tokens a run is below the noise floor the ladder measured at "
+        f"{floor.shape} on Python sources ({measured}; for that corpus, not necessarily yours): read gaps smaller "
+        f"than the seed spread as noise, or raise the budget to at least {floor.tokens:.3g} tokens."
+    )
+
+
 RUNS_PER_ARM = 4  # the planning guess for a grid of three plus one extension
 
 
@@ -205,12 +241,16 @@ def compare(settings: CompareSettings, out: Path | None = None, progress: bool =
     )
     arms = [Arm("hires", HIRES), *baseline_arms(settings.plain_twin)]
     budget = budget_of(settings, shape, data, arms, device)
+    control = next(arm for arm in arms if arm.kind == CONTROL)
+    warning = floor_warning(budget.flops / control.flops_per_token(shape, data))
+    if warning and progress:
+        print(warning)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".compare-", dir=(out.parent if out else None)))
     try:
         results = _train_all(settings, shape, data, arms, budget, device, staging, progress)
-        summary = _summary(settings, shape, data, budget, results)
+        summary = _summary(settings, shape, data, budget, results) | {"noise_floor_warning": warning}
         if out is not None:
             write_json_atomic(staging / "compare.json", summary)
             plot(results, staging / "loss_vs_flops.png", summary["verdict"]["line"])
@@ -309,4 +349,13 @@ def plot(results: dict[str, ArmResult], path: Path, title: str) -> None:
     save_figure(figure, path)
 
 
-__all__ = ["CompareSettings", "compare", "load_hires_config", "table", "verdict"]
+__all__ = [
+    "NOISE_FLOOR",
+    "CompareSettings",
+    "NoiseFloor",
+    "compare",
+    "floor_warning",
+    "load_hires_config",
+    "table",
+    "verdict",
+]

@@ -9,7 +9,7 @@ import pytest
 from benchmarks import serving
 from hires_hf.errors import HiResUserError
 
-RESULTS = Path(__file__).parents[1] / "benchmarks" / "results" / "serving" / "serving.json"
+RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "serving" / "serving.json"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed: the benchmark would run")

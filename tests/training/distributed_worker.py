@@ -1,4 +1,4 @@
-"""One rank of the multi-process tests (tests/test_distributed.py), started by torchrun on CPU with gloo.
+"""One rank of the multi-process tests (tests/training/test_distributed.py), started by torchrun on CPU with gloo.
 
 Runs every requested case in one launch (process start and imports cost ~10 s a launch): a case loads a saved
 tiny model with `from_pretrained(..., distributed_config=DistributedConfig(...))`, then either computes the logits
@@ -6,7 +6,7 @@ of the shared batch or takes one AdamW step on it, and writes what it got (full 
 to `<out>/<case>-rank<r>.pt`. Data-parallel modes give each rank its own half of the batch, as a real run would;
 tensor parallelism gives both ranks the whole batch. The test compares everything with the single-process model.
 
-    torchrun --nproc_per_node 2 tests/distributed_worker.py MODELS_DIR OUT_DIR CASE [CASE ...]
+    torchrun --nproc_per_node 2 tests/training/distributed_worker.py MODELS_DIR OUT_DIR CASE [CASE ...]
 
 A case is `<mode>:<preset>` (forward logits) or `<mode>-step:<preset>` (one optimizer step); modes are the keys of
 MODES. `pp` records the refusal message instead of results.

@@ -172,3 +172,15 @@ def test_a_winner_is_named_only_beyond_the_seed_spread(hires, control, winner):
     found = verdict({"hires": _arm("hires", hires), "control": _arm("control", control)})
     assert found["winner"] == winner
     assert found["gap"] == pytest.approx(sum(hires) / len(hires) - sum(control) / len(control))
+
+
+def test_a_budget_under_the_noise_floor_gets_one_warning_line_with_the_minimum():
+    from hires_hf.experiments.compare import NoiseFloor, floor_warning
+
+    floor = NoiseFloor(shape="96x12", tokens=8e6, nats=0.02, spread=0.015, reached=True)
+    line = floor_warning(1e6, floor)
+    assert line is not None and "\n" not in line
+    assert "8e+06 tokens" in line and "96x12" in line and "Python sources" in line
+    assert floor_warning(8e6, floor) is None and floor_warning(1e6, None) is None
+    unreached = floor_warning(1e6, NoiseFloor("96x12", 4e6, 0.02, 0.05, reached=False))
+    assert "still 0.050 nats apart at 4M tokens" in unreached

@@ -1,6 +1,6 @@
 """HiRes under transformers' native distributed engine (`from_pretrained(..., distributed_config=...)`).
 
-Every mode runs for real: two gloo processes on CPU (tests/distributed_worker.py, one torchrun launch for all
+Every mode runs for real: two gloo processes on CPU (tests/training/distributed_worker.py, one torchrun launch for all
 cases), dense (`tiny`) and MoE (`tiny-moe`), against the single-process model. Tolerances:
 - logits: max |diff| <= 1e-5 (measured: 0 under FSDP2 / HSDP / EP, ~2e-7 under TP, whose all-reduces sum in
   another order);
@@ -27,7 +27,7 @@ from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES, replace
 
 from hires_hf import HiResConfig, HiResForCausalLM
 from hires_hf.cli import main as cli_main
-from tests.distributed_worker import BATCH_ROWS, LEARNING_RATE, MODES, one_step, rank_batch
+from tests.training.distributed_worker import BATCH_ROWS, LEARNING_RATE, MODES, one_step, rank_batch
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 PRESETS = ["tiny", "tiny-moe"]

@@ -15,7 +15,8 @@ import math
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from tqdm.auto import tqdm
 
 from ..configuration_hires import HiResConfig
 from ..errors import HiResUserError
-from ..io import write_json_atomic
+from ..io import staged_folder, write_json_atomic
 from ..loading import load_config
 from ..plotting import ARM_COLOURS, Curve, draw_loss_vs_flops, pyplot, save_figure
 from ..tables import markdown_table
@@ -245,10 +246,7 @@ def compare(settings: CompareSettings, out: Path | None = None, progress: bool =
     warning = floor_warning(budget.flops / control.flops_per_token(shape, data))
     if warning and progress:
         print(warning)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".compare-", dir=(out.parent if out else None)))
-    try:
+    with staged_folder(out) if out is not None else _scratch() as staging:
         results = _train_all(settings, shape, data, arms, budget, device, staging, progress)
         summary = _summary(settings, shape, data, budget, results) | {"noise_floor_warning": warning}
         if out is not None:
@@ -257,12 +255,14 @@ def compare(settings: CompareSettings, out: Path | None = None, progress: bool =
             for name in results:
                 shutil.move(staging / "runs" / name / "best", staging / name)
             shutil.rmtree(staging / "runs")
-            if out.exists():
-                out.rmdir()
-            staging.rename(out)
-        return summary
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    return summary
+
+
+@contextmanager
+def _scratch() -> Iterator[Path]:
+    """A temporary folder for the runs' models when nothing is kept (no --out)."""
+    with tempfile.TemporaryDirectory(prefix="hires-compare-") as folder:
+        yield Path(folder)
 
 
 def _train_all(

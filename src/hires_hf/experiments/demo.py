@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 from ..configuration_hires import HiResConfig
 from ..errors import HiResUserError
 from ..eval.harness import no_transformers_bars
-from ..io import ensure_writable
+from ..io import ensure_writable, write_json_atomic, write_text_atomic
 from ..plotting import ARM_COLOURS, Curve, draw_loss_vs_flops, pyplot, save_figure
 from ..tables import markdown_row, markdown_table
 from ..training.data import PackedDataset
@@ -308,10 +308,8 @@ def _write_report(output_dir: Path, table: str, results: dict[str, TrainResult],
     if downstream.is_file():
         models = json.loads(downstream.read_text())["models"]
         summary["downstream"] = {name: evaluation.get("results") for name, evaluation in models.items()}
-    for name, text in (("table.md", table + "\n"), ("results.json", json.dumps(summary, indent=2))):
-        staging = output_dir / (name + ".tmp")
-        staging.write_text(text)
-        staging.replace(output_dir / name)
+    write_text_atomic(output_dir / "table.md", table + "\n")
+    write_json_atomic(output_dir / "results.json", summary)
     for name in results:
         shutil.rmtree(output_dir / name / "checkpoints", ignore_errors=True)  # the demo saves no checkpoints
 

@@ -427,3 +427,16 @@ def _train_result(output_dir: Path) -> dict:
 
 def _eval_losses(result: dict) -> list[float]:
     return [row["eval_loss"] for row in sorted(result["history"], key=lambda r: r["step"]) if "eval_loss" in row]
+
+
+def test_a_single_document_the_hash_sends_to_validation_still_trains(tmp_path):
+    """The split hashes each document's name; a lone document the hash sends to validation must still give
+    training text (its head) and validation text (its tail), as one the hash sends to training does."""
+    from hires_hf.training.data import _hash_fraction, load_text_files
+
+    names = (tmp_path / f"doc{index}.txt" for index in range(10_000))
+    path = next(p for p in names if _hash_fraction(f"split:{p}#0") < 0.05)  # one that lands in validation
+    path.write_text("def add(a, b):\n    return a + b\n" * 50)
+    corpus = load_text_files([path], validation_fraction=0.05)
+    assert corpus.train and corpus.validation
+    assert "".join(corpus.train).startswith("def add") and len(corpus.train[0]) > len(corpus.validation[0])

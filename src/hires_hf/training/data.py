@@ -54,6 +54,8 @@ def _split(named_docs: Iterable[tuple[str, str]], validation_fraction: float, ma
             break
         (validation if _hash_fraction("split:" + name) < validation_fraction else train).append(text)
         total += len(text)
+    if not train and validation:  # so few documents that the hash sent them all to validation: pool them first
+        train, validation = validation, []
     if not validation and train:
         return _hold_out(Corpus(train, validation), validation_fraction)
     return Corpus(train, validation)

@@ -28,25 +28,7 @@ PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, 
 MFU_POINTS = 0.03  # target: HiRes MFU within 3 points of its vanilla twin
 
 
-def dense_1b() -> HiResConfig:
-    """Llama-3.2-1B's layers as HiRes (untied: the D-wide embedding cannot be the d-wide head)."""
-    return HiResConfig(
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
-        residual_size=4096,
-        layers_per_block=4,
-    )
-
-
-SHAPES = {"dense-1b": dense_1b, "olmoe-1b-7b": lambda: HiResConfig.from_preset("olmoe-1b-7b")}
+SHAPES = {name: (lambda name=name: HiResConfig.from_preset(name)) for name in ("dense-1b", "olmoe-1b-7b")}
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from hires_hf.experiments.harness import (
     Shape,
     baseline_arms,
     bracket_status,
+    plan_budget,
     prepare_data,
     train_run,
 )
@@ -188,8 +189,8 @@ def prepare(settings: StabilitySettings, progress: bool = True) -> Data:
 def budget(settings: StabilitySettings, data: Data) -> Budget:
     """`vanilla_steps` steps of the twin's counted FLOPs (a hair more, so that float rounding never takes the
     twin's last step away); an arm that costs more per token gets fewer steps."""
-    per_step = VARIANTS[PLAIN].flops_per_token(settings.shape, data) * settings.batch_size * data.context
-    return Budget(settings.vanilla_steps * per_step * (1 + 1e-9), settings.batch_size)
+    planned = plan_budget(VARIANTS[PLAIN], settings.shape, data, settings.batch_size, steps=settings.vanilla_steps)
+    return Budget(planned.flops * (1 + 1e-9), settings.batch_size)
 
 
 def run_one(arch: str, lr: float, settings: StabilitySettings, data: Data, device: torch.device) -> dict[str, Any]:

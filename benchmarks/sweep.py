@@ -49,6 +49,7 @@ from hires_hf.experiments.harness import (
     bracket_status,
     execute,
     loss_at_flops,
+    plan_budget,
     plan_run,
     prepare_data,
     sweep_rates,
@@ -194,8 +195,8 @@ def trainer(setup: Setup, data: Data, recorder: Recorder, arm: Arm, seed: int = 
 
 
 def control_flops(setup: Setup, data: Data) -> float:
-    control = Arm("control", CONTROL)
-    return setup.control_steps * setup.batch_size * data.context * control.flops_per_token(setup.shape, data)
+    """The sweep's budget: `control_steps` steps of the control (the harness's planner)."""
+    return plan_budget(Arm("control", CONTROL), setup.shape, data, setup.batch_size, steps=setup.control_steps).flops
 
 
 def _as_run(row: dict[str, Any]) -> Run:

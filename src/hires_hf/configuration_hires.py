@@ -435,6 +435,21 @@ PRESETS: dict[str, dict[str, Any]] = {
         "router_z_loss_coef": 0.001,
     },
     **{name: {**shape_fields(d, 12), "max_position_embeddings": 1024} for name, d in _LADDER.items()},
+    # Llama-3.2-1B's layers as HiRes with D = 2d, k = 4 (untied: the D-wide embedding cannot be the d-wide head).
+    "dense-1b": dict(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        residual_size=4096,
+        layers_per_block=4,
+    ),
     # The released OLMoE-1B-7B shape, made HiRes with D = 2d and k = 4.
     "olmoe-1b-7b": dict(
         vocab_size=50304,

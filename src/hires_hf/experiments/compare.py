@@ -67,8 +67,9 @@ class NoiseFloor:
     reached: bool
 
 
-# Filled from benchmarks/results/ladder/summary.json's "floor" by the ladder's report stage (see docs/research.md).
-NOISE_FLOOR: NoiseFloor | None = None
+# Copied from the ladder's report (benchmarks/results/ladder/summary.json, "floor") as its lengths come in: so far
+# three control seeds at 1M tokens span 0.109 nats (2M-16M still running, docs/research.md).
+NOISE_FLOOR: NoiseFloor | None = NoiseFloor(shape="96x12", tokens=1e6, nats=0.02, spread=0.109, reached=False)
 
 
 def floor_warning(control_tokens: float, floor: NoiseFloor | None = NOISE_FLOOR) -> str | None:

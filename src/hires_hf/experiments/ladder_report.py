@@ -23,7 +23,7 @@ from .harness import HIRES, bracket_status
 from .ladder import FLOOR_NATS, SQRT2, Ladder, Rung, _rates_around, ladder_arms, top_grid
 
 COMMANDS = (
-    "hires-hf ladder --stages floor grid top --threads 1 &   # twice: two workers share the 2 cores",
+    "hires-hf ladder --threads 1 &   # twice: two workers share the 2 cores (all stages, resumable)",
     "hires-hf ladder --report",
 )
 

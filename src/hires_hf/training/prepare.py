@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
 from ..errors import HiResUserError
+from ..io import staged_folder
 from .data import Corpus, load_default_corpus, load_python_sources, load_text_files, pack
 from .tokenizer import build_tokenizer, encode_documents, load_tokenizer, save_tokenizer, special_token_ids
 
@@ -118,13 +119,10 @@ def _cache_folder(cache_dir: Path | None, recipe: dict[str, Any], context: int) 
 
 def _store(folder: Path, train: torch.Tensor, validation: torch.Tensor, tokenizer: PreTrainedTokenizerBase) -> None:
     """Blocks (int32: any vocabulary this package trains) and the tokenizer, through a temporary sibling folder."""
-    staging = folder.with_name(f".{folder.name}.tmp")
-    staging.mkdir(parents=True, exist_ok=True)
-    blocks = {"train": train.to(torch.int32), "validation": validation.to(torch.int32)}
-    save_file(blocks, staging / "blocks.safetensors")
-    save_tokenizer(tokenizer, staging, model_max_length=None)
-    if not folder.exists():
-        staging.rename(folder)
+    with staged_folder(folder) as staging:
+        blocks = {"train": train.to(torch.int32), "validation": validation.to(torch.int32)}
+        save_file(blocks, staging / "blocks.safetensors")
+        save_tokenizer(tokenizer, staging, model_max_length=None)
 
 
 def pack_splits(

@@ -199,10 +199,6 @@ def control_flops(setup: Setup, data: Data) -> float:
     return plan_budget(Arm("control", CONTROL), setup.shape, data, setup.batch_size, steps=setup.control_steps).flops
 
 
-def _as_run(row: dict[str, Any]) -> Run:
-    return Run.from_json(row)
-
-
 # ---------------------------------------------------------------------------------------------------- stages
 def best_by_arm(rows: list[dict[str, Any]], length: int = 1) -> dict[str, dict[str, Any]]:
     """Each arm's best seed-0 run at `length` (with its bracket status)."""
@@ -363,7 +359,7 @@ def gap_over_training(rows: list[dict[str, Any]], arm: str, length: int = 1) -> 
 
     def runs_of(name: str) -> list[Run]:
         return [
-            _as_run(r)
+            Run.from_json(r)
             for r in rows
             if r["arm"] == name and r["lr"] == best[name]["lr"] and r.get("length", 1) == length
         ]
@@ -467,7 +463,7 @@ def plot(rows: list[dict[str, Any]], where: Path, title: str) -> None:
     for i, arm in enumerate(sorted(summary, key=lambda a: summary[a]["mean"])):
         s = summary[arm]
         run = next(
-            _as_run(r) for r in rows if (r["arm"], r["lr"], r["seed"], r.get("length", 1)) == (arm, s["lr"], 0, 1)
+            Run.from_json(r) for r in rows if (r["arm"], r["lr"], r["seed"], r.get("length", 1)) == (arm, s["lr"], 0, 1)
         )
         style = {"color": "black", "linewidth": 2.5} if arm == "control" else {"color": colours(i % 20)}
         draw_loss_vs_flops(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import HiResUserError
@@ -27,7 +28,7 @@ def cache_dir() -> Path:
 def settings_of(args: argparse.Namespace) -> LadderSettings:
     settings = LadderSettings.smoke() if args.smoke else LadderSettings()
     changes = {"device": args.device, "precision": args.precision, "compile": args.compile}
-    return LadderSettings(**{**vars(settings), **{k: v for k, v in changes.items() if v is not None}})
+    return replace(settings, **{k: v for k, v in changes.items() if v is not None})
 
 
 def run_ladder(args: argparse.Namespace) -> int:

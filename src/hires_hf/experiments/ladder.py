@@ -28,7 +28,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -179,21 +179,19 @@ class Ladder:
             )
         return self._plans[index]
 
-    def losses(self, arm: Arm, rung: Rung, rates: Sequence[float], seed: int = 0, flops: float | None = None):
-        """{rate: final loss} of the stored runs among `rates`."""
-        found = {}
-        for lr in rates:
-            run = self.store.get(self.plan(arm, rung, lr, seed, flops).key)
-            if run is not None:
-                found[lr] = run.final_loss
-        return found
+    def stored(
+        self, arm: Arm, rung: Rung, rates: Sequence[float], seed: int = 0, flops: float | None = None
+    ) -> dict[float, Run]:
+        """{rate: stored run} of `arm` at `rung` among `rates` (the ones not trained yet are left out)."""
+        runs = {lr: self.store.get(self.plan(arm, rung, lr, seed, flops).key) for lr in rates}
+        return {lr: run for lr, run in runs.items() if run is not None}
 
     def bracket(
         self, arm: Arm, rung: Rung, grid: Sequence[float], step: float, flops: float | None = None
     ) -> tuple[list[RunPlan], dict[float, float]]:
         """The runs still needed to bracket `arm`'s rate at `rung` (seed 0), and the losses known so far."""
         tried = _rates_around(grid, step)
-        losses = self.losses(arm, rung, tried, 0, flops)
+        losses = {lr: run.final_loss for lr, run in self.stored(arm, rung, tried, 0, flops).items()}
         todo = pending_rates(grid, losses, step)
         return [self.plan(arm, rung, lr, 0, flops) for lr in todo], losses
 
@@ -370,10 +368,6 @@ def open_ladder(settings: LadderSettings, folder: Path, cache_dir: Path | None =
     return Ladder(settings, data, RunStore(folder / "runs"), torch.device(settings.device))
 
 
-def settings_with(settings: LadderSettings, **changes: Any) -> LadderSettings:
-    return replace(settings, **{k: v for k, v in changes.items() if v is not None})
-
-
 __all__ = [
     "FLOOR_NATS",
     "STAGES",
@@ -383,5 +377,4 @@ __all__ = [
     "ladder_arms",
     "open_ladder",
     "run_stages",
-    "settings_with",
 ]

@@ -29,13 +29,7 @@ COMMANDS = (
 
 
 def _stored(ladder: Ladder, arm_name: str, rung: Rung, rates: list[float], seed: int = 0, flops: float | None = None):
-    arm = ladder_arms([arm_name])[0]
-    found = {}
-    for lr in rates:
-        run = ladder.store.get(ladder.plan(arm, rung, lr, seed, flops).key)
-        if run is not None:
-            found[lr] = run
-    return found
+    return ladder.stored(ladder_arms([arm_name])[0], rung, rates, seed, flops)
 
 
 def rung_cells(ladder: Ladder, rung: Rung, top: bool) -> dict[str, dict[str, Any]]:

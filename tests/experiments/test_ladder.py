@@ -34,12 +34,13 @@ def fake_ladder(tmp_path, monkeypatch, smoke_settings):
     """A smoke ladder whose runs are not trained: `execute` stores a run with the parabola's loss."""
     ladder = open_ladder(smoke_settings, tmp_path, progress=False)
     trained = []
+    seed_effect = {"nats": 0.001}  # what one seed step adds to the loss: a test raises it for a noisy ladder
 
     def fake_execute(plan, data, device="cpu", store=None, keep=None, **hooks):
         best_lr, best_loss = OPTIMA[plan.arm.name]
         lr, seed = plan.settings.learning_rate, plan.settings.seed
         size = plan.budget.flops / 1e9
-        loss = best_loss - 0.1 * math.log(size) + 0.05 * (math.log2(lr) - math.log2(best_lr)) ** 2 + 0.001 * seed
+        loss = best_loss - 0.1 * math.log(size) + 0.05 * (math.log2(lr) - math.log2(best_lr)) ** 2 + seed_effect["nats"] * seed
         run = Run(plan.arm.name, lr, seed, plan.settings.steps, 1.0, loss, [(plan.budget.flops, loss)], 1.0, 1.0, False)
         run.key, run.spec = plan.key, plan.spec
         store.put(run)
@@ -47,6 +48,7 @@ def fake_ladder(tmp_path, monkeypatch, smoke_settings):
         return run
 
     monkeypatch.setattr(ladder_module, "execute", fake_execute)
+    ladder.seed_effect = seed_effect
     return ladder, trained
 
 
@@ -79,18 +81,43 @@ def test_a_stopped_ladder_trains_nothing_twice(fake_ladder):
     assert len(trained) > count
 
 
-def test_the_floor_stage_seeds_each_length_at_the_bracketed_rate(fake_ladder):
-    ladder, trained = fake_ladder
-    run_stages(ladder, ["floor"], progress=False, log=lambda line: None)
+def _floor_lengths_trained(ladder, trained) -> list[float]:
     s, control = ladder.settings, Arm("control", "control")
     rung = ladder.rungs[s.floor_rung]
     per_token = control.flops_per_token(rung.shape, ladder.data)
     grid = {p.settings.learning_rate for p in trained if math.isclose(p.budget.flops, s.floor_grid_tokens * per_token)}
     assert min(grid) < OPTIMA["control"][0] < max(grid)  # bracketed at the floor's grid length
+    lengths = []
     for tokens in s.floor_tokens:
-        for seed in range(s.floor_seeds):
-            plan = ladder.plan(control, rung, OPTIMA["control"][0], seed, tokens * per_token)
-            assert ladder.store.get(plan.key) is not None, (tokens, seed)
+        plans = [ladder.plan(control, rung, OPTIMA["control"][0], seed, tokens * per_token) for seed in range(3)]
+        stored = [ladder.store.get(plan.key) is not None for plan in plans]
+        if any(stored):
+            assert stored == [seed < s.floor_seeds for seed in range(3)], tokens  # every seed, at the best rate
+            lengths.append(tokens)
+    return lengths
+
+
+def test_the_floor_stage_stops_at_the_first_length_under_the_floor(fake_ladder):
+    ladder, trained = fake_ladder  # seeds 0.001 nats apart: the shortest length is already under FLOOR_NATS
+    run_stages(ladder, ["floor"], progress=False, log=lambda line: None)
+    assert _floor_lengths_trained(ladder, trained) == [ladder.settings.floor_tokens[0]]
+
+
+def test_a_noisy_floor_seeds_every_length(fake_ladder):
+    ladder, trained = fake_ladder
+    ladder.seed_effect["nats"] = 0.05  # spread 0.05 at every length: none reaches the floor
+    run_stages(ladder, ["floor"], progress=False, log=lambda line: None)
+    assert _floor_lengths_trained(ladder, trained) == list(ladder.settings.floor_tokens)
+    assert summarize(ladder)["floor"]["floor_tokens"] is None
+
+
+def test_each_rung_grid_is_centred_on_the_best_rate_of_the_rung_below(fake_ladder):
+    ladder, trained = fake_ladder
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    middle = ladder.rungs[1].shape
+    for arm, (best, _) in OPTIMA.items():
+        rates = sorted(p.settings.learning_rate for p in trained if p.shape == middle and p.arm.name == arm)
+        assert rates == pytest.approx([best / 2, best, best * 2]), (arm, rates)  # bracketed in three runs
 
 
 def test_the_precision_stage_pairs_bf16_and_fp32_seeds_for_both_arms(fake_ladder):

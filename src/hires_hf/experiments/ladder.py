@@ -38,7 +38,6 @@ from tqdm.auto import tqdm
 from ..errors import HiResUserError
 from .harness import (
     CONTROL,
-    DEFAULT_RATES,
     HIRES,
     MAX_EXTENSIONS,
     PLAIN,
@@ -104,7 +103,7 @@ class LadderSettings:
     validation_fraction: float = 0.005
     eval_blocks: int = 256
     evaluations: int = 8
-    rates: tuple[float, ...] = DEFAULT_RATES
+    rates: tuple[float, ...] = (4e-3, 8e-3, 1.6e-2)  # the first rung's grid: centred on the floor's best rate
     top_seeds: int = 2
     floor_rung: int = 1  # index into rungs: the noise floor's shape
     floor_tokens: tuple[float, ...] = (1e6, 2e6, 4e6, 8e6, 16e6)
@@ -195,6 +194,27 @@ class Ladder:
         todo = pending_rates(grid, losses, step)
         return [self.plan(arm, rung, lr, 0, flops) for lr in todo], losses
 
+    def grid(self, arm: Arm, index: int) -> tuple[tuple[float, ...], float] | None:
+        """`arm`'s starting grid and step at rung `index`: the settings' rates at the first rung, then centred on
+        the arm's best rate at the rung below (x2 either side, x sqrt(2) at the top); None while that is open."""
+        if index == 0:
+            return tuple(self.settings.rates), 2.0
+        below = self.settled(arm, index - 1)
+        if below is None:
+            return None
+        centre = best_rate(below)
+        if index == len(self.rungs) - 1:
+            return top_grid(centre), SQRT2
+        return (tidy_rate(centre / 2), centre, tidy_rate(centre * 2)), 2.0
+
+    def settled(self, arm: Arm, index: int) -> dict[float, float] | None:
+        """{rate: loss} of `arm`'s finished bracketing at rung `index` (seed 0), or None while runs are missing."""
+        grid = self.grid(arm, index)
+        if grid is None:
+            return None
+        todo, losses = self.bracket(arm, self.rungs[index], *grid)
+        return None if todo or not losses else losses
+
 
 def top_grid(carried: float) -> tuple[float, float, float]:
     """The top rung's starting grid: the rate carried over from the rung below and x sqrt(2) either side."""
@@ -217,7 +237,9 @@ def best_rate(losses: dict[float, float]) -> float:
 
 # ---------------------------------------------------------------------------------------------------- stages
 def floor_stage(ladder: Ladder) -> Iterator[RunPlan]:
-    """The control at the floor's shape: its rate bracketed at `floor_grid_tokens`, then seeds at each length."""
+    """The control at the floor's shape: its rate bracketed at `floor_grid_tokens`, then seeds at each length,
+    shortest first, up to the first length whose spread is at most `FLOOR_NATS` (longer ones would add nothing
+    to the verdict and cost the most)."""
     s, control = ladder.settings, ladder_arms(["control"])[0]
     rung = ladder.rungs[s.floor_rung]
     per_token = control.flops_per_token(rung.shape, ladder.data)
@@ -227,8 +249,14 @@ def floor_stage(ladder: Ladder) -> Iterator[RunPlan]:
         return
     lr = best_rate(losses)
     for tokens in s.floor_tokens:
-        for seed in range(s.floor_seeds):
-            yield ladder.plan(control, rung, lr, seed, tokens * per_token)
+        plans = [ladder.plan(control, rung, lr, seed, tokens * per_token) for seed in range(s.floor_seeds)]
+        yield from plans
+        runs = [ladder.store.get(plan.key) for plan in plans]
+        if None in runs:
+            return  # the next length waits for this one's spread
+        finals = [run.final_loss for run in runs if run is not None]
+        if max(finals) - min(finals) <= FLOOR_NATS:
+            return
 
 
 def precision_stage(ladder: Ladder) -> Iterator[RunPlan]:
@@ -248,22 +276,23 @@ def precision_stage(ladder: Ladder) -> Iterator[RunPlan]:
 
 
 def grid_stage(ladder: Ladder) -> Iterator[RunPlan]:
-    """Every arm's rate bracketed (x2) at every rung but the top."""
-    for rung in ladder.rungs[:-1]:
+    """Every arm's rate bracketed (x2) at every rung but the top, each rung's grid centred on the rung below's."""
+    for index, rung in enumerate(ladder.rungs[:-1]):
         for arm in ladder.arms:
-            yield from ladder.bracket(arm, rung, ladder.settings.rates, 2.0)[0]
+            grid = ladder.grid(arm, index)
+            if grid is not None:
+                yield from ladder.bracket(arm, rung, *grid)[0]
 
 
 def top_stage(ladder: Ladder) -> Iterator[RunPlan]:
     """At the top rung: the carried-over rate and x sqrt(2) either side (extended), then the second seeds."""
-    below, top = ladder.rungs[-2], ladder.rungs[-1]
+    index, top = len(ladder.rungs) - 1, ladder.rungs[-1]
     finals: dict[str, tuple[float, float]] = {}
     for arm in ladder.arms:
-        todo, losses = ladder.bracket(arm, below, ladder.settings.rates, 2.0)
-        if todo or not losses:
+        grid = ladder.grid(arm, index)
+        if grid is None:
             continue  # the rung below is not done for this arm: nothing to carry yet
-        carried = best_rate(losses)
-        todo, top_losses = ladder.bracket(arm, top, top_grid(carried), SQRT2)
+        todo, top_losses = ladder.bracket(arm, top, *grid)
         yield from todo
         if not todo:
             finals[arm.name] = (best_rate(top_losses), min(top_losses.values()))

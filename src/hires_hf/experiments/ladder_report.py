@@ -20,7 +20,7 @@ from ..io import write_json_atomic, write_text_atomic
 from ..plotting import ARM_COLOURS, Curve, draw_loss_vs_flops, pyplot, save_figure
 from ..tables import markdown_table
 from .harness import HIRES, bracket_status
-from .ladder import FLOOR_NATS, SQRT2, Ladder, Rung, _rates_around, ladder_arms, top_grid
+from .ladder import FLOOR_NATS, Ladder, _rates_around, ladder_arms
 
 COMMANDS = (
     "hires-hf ladder --threads 1 &   # twice: two workers share the 2 cores (all stages, resumable)",
@@ -28,30 +28,22 @@ COMMANDS = (
 )
 
 
-def _stored(ladder: Ladder, arm_name: str, rung: Rung, rates: list[float], seed: int = 0, flops: float | None = None):
-    return ladder.stored(ladder_arms([arm_name])[0], rung, rates, seed, flops)
-
-
-def rung_cells(ladder: Ladder, rung: Rung, top: bool) -> dict[str, dict[str, Any]]:
-    """Per arm at `rung`: best rate, bracket, loss (mean over seeds at the best rate), seeds and their spread."""
+def rung_cells(ladder: Ladder, index: int) -> dict[str, dict[str, Any]]:
+    """Per arm at rung `index`: best rate, bracket, loss (mean over seeds at the best rate), seeds and spread."""
     cells = {}
-    below = ladder.rungs[-2] if len(ladder.rungs) > 1 else rung
-    for arm in ladder.settings.arms:
-        if top:
-            carried = _stored(ladder, arm, below, _rates_around(ladder.settings.rates, 2.0))
-            if not carried:
-                continue
-            centre = min(carried.values(), key=lambda r: r.final_loss).lr
-            runs = _stored(ladder, arm, rung, _rates_around(top_grid(centre), SQRT2))
-        else:
-            runs = _stored(ladder, arm, rung, _rates_around(ladder.settings.rates, 2.0))
+    rung = ladder.rungs[index]
+    for arm in ladder.arms:
+        grid = ladder.grid(arm, index)
+        if grid is None:
+            continue
+        runs = ladder.stored(arm, rung, _rates_around(*grid))
         if not runs:
             continue
         best = min(runs.values(), key=lambda r: r.final_loss)
-        others = [_stored(ladder, arm, rung, [best.lr], seed=seed).get(best.lr) for seed in range(1, 4)]
+        others = [ladder.stored(arm, rung, [best.lr], seed=seed).get(best.lr) for seed in range(1, 4)]
         seeds = [best, *(r for r in others if r is not None)]
         losses = [r.final_loss for r in seeds]
-        cells[arm] = {
+        cells[arm.name] = {
             "best_lr": best.lr,
             "bracket": bracket_status({lr: r.final_loss for lr, r in runs.items()}),
             "loss": statistics.fmean(losses),
@@ -70,13 +62,14 @@ def floor_points(ladder: Ladder) -> dict[str, Any]:
     rung = ladder.rungs[s.floor_rung]
     control = ladder_arms(["control"])[0]
     per_token = control.flops_per_token(rung.shape, ladder.data)
-    grid = _stored(ladder, "control", rung, _rates_around(s.rates, 2.0), 0, s.floor_grid_tokens * per_token)
+    grid = ladder.stored(control, rung, _rates_around(s.rates, 2.0), 0, s.floor_grid_tokens * per_token)
     if not grid:
         return {}
     lr = min(grid.values(), key=lambda r: r.final_loss).lr
     lengths = []
     for tokens in s.floor_tokens:
-        runs = [ladder.store.get(ladder.plan(control, rung, lr, seed, tokens * per_token).key) for seed in range(3)]
+        plans = [ladder.plan(control, rung, lr, seed, tokens * per_token) for seed in range(s.floor_seeds)]
+        runs = [ladder.store.get(plan.key) for plan in plans]
         losses = [r.final_loss for r in runs if r is not None]
         spread = max(losses) - min(losses) if len(losses) == s.floor_seeds else None
         lengths.append({"tokens": tokens, "losses": losses, "spread": spread})
@@ -127,7 +120,7 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
         "commands": list(COMMANDS),
     }
     for index, rung in enumerate(rungs):
-        cells = rung_cells(ladder, rung, top=index == len(rungs) - 1 and len(rungs) > 1)
+        cells = rung_cells(ladder, index)
         vanillas = {name: cells[name]["loss"] for name in ("control", "plain-twin") if name in cells}
         baseline = min(vanillas, key=vanillas.__getitem__) if vanillas else None
         hires = {name: c["loss"] for name, c in cells.items() if ladder_arms([name])[0].kind == HIRES}
@@ -314,7 +307,7 @@ def write_report(ladder: Ladder, folder: Path) -> str:
     """summary.json, ladder.md and the figures under `folder`; returns the markdown."""
     summary = summarize(ladder)
     if not any(rung["arms"] for rung in summary["rungs"]) and not summary["floor"]:
-        raise HiResUserError(f"No ladder runs under {folder}: run `hires-hf ladder run` first.")
+        raise HiResUserError(f"No ladder runs under {folder}: run `hires-hf ladder` first.")
     folder.mkdir(parents=True, exist_ok=True)
     write_json_atomic(folder / "summary.json", summary, default=str)
     if summary["floor"]:

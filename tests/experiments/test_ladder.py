@@ -40,7 +40,8 @@ def fake_ladder(tmp_path, monkeypatch, smoke_settings):
         best_lr, best_loss = OPTIMA[plan.arm.name]
         lr, seed = plan.settings.learning_rate, plan.settings.seed
         size = plan.budget.flops / 1e9
-        loss = best_loss - 0.1 * math.log(size) + 0.05 * (math.log2(lr) - math.log2(best_lr)) ** 2 + seed_effect["nats"] * seed
+        distance = math.log2(lr) - math.log2(best_lr)
+        loss = best_loss - 0.1 * math.log(size) + 0.05 * distance**2 + seed_effect["nats"] * seed
         run = Run(plan.arm.name, lr, seed, plan.settings.steps, 1.0, loss, [(plan.budget.flops, loss)], 1.0, 1.0, False)
         run.key, run.spec = plan.key, plan.spec
         store.put(run)
@@ -200,3 +201,17 @@ def test_a_real_smoke_ladder_trains_and_reports(tmp_path):
     assert {run.key for run in ladder.store.runs()} == {run.key for run in trained}
     assert not list((tmp_path / "runs" / "checkpoints").glob("*"))  # finished runs leave no checkpoint
     assert "Compute ladder" in write_report(ladder, tmp_path)
+
+
+def test_the_budget_accounts_every_run_to_the_stage_that_trained_it(fake_ladder):
+    ladder, trained = fake_ladder
+    ladder.seed_effect["nats"] = 0.05  # a noisy floor: every length trained
+    counts = {}
+    for stage in ("floor", "precision", "grid"):
+        before = len(trained)
+        run_stages(ladder, [stage], progress=False, log=lambda line: None)
+        counts[stage] = len(trained) - before
+    account = summarize(ladder)["budget"]
+    assert {stage: account["spent"][stage]["runs"] for stage in counts} == counts
+    assert account["spent"]["grid"]["flops"] == pytest.approx(sum(p.budget.flops for p in trained[-counts["grid"] :]))
+    assert account["planned"]["grid"]["runs"] == 0 and account["planned"]["top"]["runs"] > 0  # the next wave

@@ -19,8 +19,8 @@ from ..eval.scaling import Point, analyse
 from ..io import write_json_atomic, write_text_atomic
 from ..plotting import ARM_COLOURS, Curve, draw_loss_vs_flops, pyplot, save_figure
 from ..tables import markdown_table
-from .harness import HIRES, bracket_status
-from .ladder import FLOOR_NATS, Ladder, _rates_around, ladder_arms
+from .harness import HIRES, Run, bracket_status
+from .ladder import FLOOR_NATS, STAGES, Ladder, _rates_around, ladder_arms
 
 COMMANDS = (
     "hires-hf ladder --threads 1 &   # twice: two workers share the 2 cores (all stages, resumable)",
@@ -110,6 +110,37 @@ def precision_points(ladder: Ladder) -> dict[str, Any]:
     return {"shape": rung.name, "lr": floor["lr"], "tokens": s.precision_tokens, "arms": arms}
 
 
+def stage_of(ladder: Ladder, run: Run) -> str:
+    """Which stage a stored run belongs to: a rung's FLOPs is the grid (the top rung's: top); fp32, or HiRes
+    below a rung's FLOPs, is the precision check; the control in bf16 below a rung's FLOPs is the floor."""
+    flops = run.spec["budget"]["flops"]
+    rungs = [rung.flops for rung in ladder.rungs]
+    for index, rung_flops in enumerate(rungs):
+        if math.isclose(flops, rung_flops, rel_tol=1e-9):
+            return "top" if index == len(rungs) - 1 and len(rungs) > 1 else "grid"
+    if run.spec["recipe"]["precision"] == "fp32" or run.spec["arm"]["kind"] != "control":
+        return "precision"
+    return "floor"
+
+
+def budget(ladder: Ladder) -> dict[str, Any]:
+    """Where the compute went: per stage the stored runs, their counted FLOPs and worker-hours (one worker = one
+    core), and the runs planned next (only as far as results so far decide: brackets grow as they come in)."""
+    spent = {name: {"runs": 0, "flops": 0.0, "hours": 0.0} for name in STAGES}
+    for run in ladder.store.runs():
+        cell = spent[stage_of(ladder, run)]
+        cell["runs"] += 1
+        cell["flops"] += run.spec["budget"]["flops"]
+        cell["hours"] += run.seconds / 3600
+    planned = {name: {"runs": 0, "flops": 0.0} for name in STAGES}
+    for name, stage in STAGES.items():
+        for plan in stage(ladder):
+            if ladder.store.get(plan.key) is None:
+                planned[name]["runs"] += 1
+                planned[name]["flops"] += plan.budget.flops
+    return {"spent": spent, "planned": planned}
+
+
 def summarize(ladder: Ladder) -> dict[str, Any]:
     """Everything `summary.json` holds: rungs, per-arm cells, baselines, fits, the multiplier and the floor."""
     rungs = ladder.rungs
@@ -117,6 +148,7 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
         "rungs": [],
         "floor": floor_points(ladder),
         "precision": precision_points(ladder),
+        "budget": budget(ladder),
         "commands": list(COMMANDS),
     }
     for index, rung in enumerate(rungs):
@@ -253,6 +285,24 @@ def plot_floor(floor: dict[str, Any], path: Path) -> Path:
     return save_figure(figure, path)
 
 
+def budget_table(account: dict[str, Any]) -> str:
+    rows = [
+        (
+            name,
+            str(spent["runs"]),
+            f"{spent['flops']:.3g}",
+            f"{spent['hours']:.1f}",
+            str(account["planned"][name]["runs"]),
+            f"{account['planned'][name]['flops']:.3g}",
+        )
+        for name, spent in account["spent"].items()
+    ]
+    hours = sum(cell["hours"] for cell in account["spent"].values())
+    headers = ["stage", "runs done", "FLOPs done", "worker-hours", "runs planned next", "FLOPs planned next"]
+    intro = f"**Budget** ({hours:.1f} worker-hours so far; a worker is one core; planned = as far as results decide):"
+    return "\n".join([intro, "", *markdown_table(headers, rows, "lrrrrr")])
+
+
 def markdown(summary: dict[str, Any]) -> str:
     lines = ["# Compute ladder", "", "Commands:", "", "```", *summary["commands"], "```", ""]
     floor = summary["floor"]
@@ -290,6 +340,7 @@ def markdown(summary: dict[str, Any]) -> str:
             "",
         ]
     lines += [table(summary), "", "![ladder](ladder.png)", ""]
+    lines += [budget_table(summary["budget"]), ""]
     result = summary.get("fit")
     if result and result["multiplier"]:
         m = result["multiplier"]

@@ -21,7 +21,7 @@ from hires_hf.experiments.ladder import SQRT2, LadderSettings, claim, open_ladde
 from hires_hf.experiments.ladder_report import summarize, write_report
 
 # Each arm's (made-up) best rate and best loss: final loss is a parabola in log2(rate) around it.
-OPTIMA = {"control": (8e-3, 3.0), "plain-twin": (2e-3, 3.1), "hires": (1.6e-2, 3.05)}
+OPTIMA = {"control": (8e-3, 3.0), "plain-twin": (2e-3, 3.1), "hires": (1.6e-2, 3.05), "D=4d": (8e-3, 3.2)}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,8 @@ def test_every_stage_brackets_carries_over_and_seeds_the_two_that_matter(fake_la
             assert any(math.isclose(r, best) for r in rates), (arm, rates)
             assert rates[0] < best < rates[-1], (arm, rates)
     top = [p for p in trained if p.shape == rungs[-1].shape]
-    for arm, (best, _) in OPTIMA.items():  # the top starts at the carried-over rate and x sqrt(2) either side
+    for arm in ladder.settings.arms:
+        best = OPTIMA[arm][0]  # the top starts at the carried-over rate and x sqrt(2) either side
         rates = {p.settings.learning_rate for p in top if p.arm.name == arm and p.settings.seed == 0}
         assert set(top_grid(best)) <= rates
         steps = [math.log(r / best) / math.log(SQRT2) for r in rates]
@@ -116,7 +117,8 @@ def test_each_rung_grid_is_centred_on_the_best_rate_of_the_rung_below(fake_ladde
     ladder, trained = fake_ladder
     run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
     middle = ladder.rungs[1].shape
-    for arm, (best, _) in OPTIMA.items():
+    for arm in ladder.settings.arms:
+        best = OPTIMA[arm][0]
         rates = sorted(p.settings.learning_rate for p in trained if p.shape == middle and p.arm.name == arm)
         assert rates == pytest.approx([best / 2, best, best * 2]), (arm, rates)  # bracketed in three runs
 
@@ -215,3 +217,14 @@ def test_the_budget_accounts_every_run_to_the_stage_that_trained_it(fake_ladder)
     assert {stage: account["spent"][stage]["runs"] for stage in counts} == counts
     assert account["spent"]["grid"]["flops"] == pytest.approx(sum(p.budget.flops for p in trained[-counts["grid"] :]))
     assert account["planned"]["grid"]["runs"] == 0 and account["planned"]["top"]["runs"] > 0  # the next wave
+
+
+def test_a_hires_variant_behind_by_more_than_the_noise_skips_the_top_rung(fake_ladder):
+    ladder, trained = fake_ladder
+    ladder.settings = replace(ladder.settings, arms=("control", "plain-twin", "hires", "D=4d"))
+    run_stages(ladder, ["grid", "top"], progress=False, log=lambda line: None)
+    top = {p.arm.name for p in trained if p.shape == ladder.rungs[-1].shape}
+    assert top == {"control", "plain-twin", "hires"}  # D=4d is 0.15 nats behind hires everywhere
+    summary = summarize(ladder)
+    assert summary["top_pruned"] == {"D=4d": pytest.approx(0.15)}
+    assert "D=4d" in summary["rungs"][1]["arms"] and "D=4d" not in summary["rungs"][-1]["arms"]

@@ -284,11 +284,32 @@ def grid_stage(ladder: Ladder) -> Iterator[RunPlan]:
                 yield from ladder.bracket(arm, rung, *grid)[0]
 
 
+def top_contenders(ladder: Ladder) -> tuple[list[Arm], dict[str, float]] | None:
+    """The arms that go to the top rung, and {pruned HiRes arm: its gap to the best HiRes at the rung below}.
+
+    Both vanillas always go (the baseline is the better of them at the top). A HiRes arm goes if its best loss at
+    the rung below is within `FLOOR_NATS` of the best HiRes arm's there: a variant that is already worse by more
+    than the noise does not get the most expensive runs. None until every HiRes arm is settled at the rung below.
+    """
+    below = len(ladder.rungs) - 2
+    hires = [arm for arm in ladder.arms if arm.kind == HIRES]
+    settled = {arm.name: ladder.settled(arm, below) for arm in hires} if below >= 0 else {}
+    if any(losses is None for losses in settled.values()):
+        return None
+    best = {name: min(losses.values()) for name, losses in settled.items() if losses is not None}
+    lowest = min(best.values(), default=0.0)
+    pruned = {name: loss - lowest for name, loss in best.items() if loss - lowest > FLOOR_NATS}
+    return [arm for arm in ladder.arms if arm.name not in pruned], pruned
+
+
 def top_stage(ladder: Ladder) -> Iterator[RunPlan]:
-    """At the top rung: the carried-over rate and x sqrt(2) either side (extended), then the second seeds."""
+    """At the top rung: the carried-over rate and x sqrt(2) either side (extended) for each contender, then the
+    second seeds of the control and the best HiRes."""
     index, top = len(ladder.rungs) - 1, ladder.rungs[-1]
+    contenders = top_contenders(ladder)
+    arms = contenders[0] if contenders else [arm for arm in ladder.arms if arm.kind != HIRES]
     finals: dict[str, tuple[float, float]] = {}
-    for arm in ladder.arms:
+    for arm in arms:
         grid = ladder.grid(arm, index)
         if grid is None:
             continue  # the rung below is not done for this arm: nothing to carry yet
@@ -296,7 +317,7 @@ def top_stage(ladder: Ladder) -> Iterator[RunPlan]:
         yield from todo
         if not todo:
             finals[arm.name] = (best_rate(top_losses), min(top_losses.values()))
-    if len(finals) < len(ladder.arms):
+    if contenders is None or len(finals) < len(arms):
         return
     hires = [name for name in finals if ladder_arms([name])[0].kind == HIRES]
     seeded = ["control", min(hires, key=lambda name: finals[name][1])] if hires else ["control"]

@@ -20,7 +20,7 @@ from ..io import write_json_atomic, write_text_atomic
 from ..plotting import ARM_COLOURS, Curve, draw_loss_vs_flops, pyplot, save_figure
 from ..tables import markdown_table
 from .harness import HIRES, Run, bracket_status
-from .ladder import FLOOR_NATS, STAGES, Ladder, _rates_around, ladder_arms
+from .ladder import FLOOR_NATS, STAGES, Ladder, _rates_around, ladder_arms, top_contenders
 
 COMMANDS = (
     "hires-hf ladder --threads 1 &   # twice: two workers share the 2 cores (all stages, resumable)",
@@ -169,6 +169,8 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
                 "gap": gap,
             }
         )
+    contenders = top_contenders(ladder)
+    summary["top_pruned"] = contenders[1] if contenders else {}
     summary["fit"] = fit(summary)
     return summary
 
@@ -339,7 +341,10 @@ def markdown(summary: dict[str, Any]) -> str:
             *markdown_table(["arm", "bf16 seeds", "fp32 seeds", "bf16 - fp32", "seed spread"], rows, "lllrr"),
             "",
         ]
-    lines += [table(summary), "", "![ladder](ladder.png)", ""]
+    lines += [table(summary), ""]
+    for name, gap in summary["top_pruned"].items():
+        lines += [f"Not at the top rung: {name}, {gap:.3f} nats behind the best HiRes at the rung below.", ""]
+    lines += ["![ladder](ladder.png)", ""]
     lines += [budget_table(summary["budget"]), ""]
     result = summary.get("fit")
     if result and result["multiplier"]:

@@ -125,19 +125,27 @@ def stage_of(ladder: Ladder, run: Run) -> str:
 
 def budget(ladder: Ladder) -> dict[str, Any]:
     """Where the compute went: per stage the stored runs, their counted FLOPs and worker-hours (one worker = one
-    core), and the runs planned next (only as far as results so far decide: brackets grow as they come in)."""
+    core), and the runs planned next (only as far as results so far decide: brackets grow as they come in), with
+    the hours they should take at the median speed measured at their width (else of all runs)."""
     spent = {name: {"runs": 0, "flops": 0.0, "hours": 0.0} for name in STAGES}
+    speeds: dict[int, list[float]] = {}
     for run in ladder.store.runs():
         cell = spent[stage_of(ladder, run)]
+        flops = run.spec["budget"]["flops"]
         cell["runs"] += 1
-        cell["flops"] += run.spec["budget"]["flops"]
+        cell["flops"] += flops
         cell["hours"] += run.seconds / 3600
-    planned = {name: {"runs": 0, "flops": 0.0} for name in STAGES}
+        if run.spec["recipe"]["precision"] != "fp32":
+            speeds.setdefault(run.spec["config"]["hidden_size"], []).append(flops / run.seconds)
+    overall = statistics.median([v for values in speeds.values() for v in values] or [float("nan")])
+    planned = {name: {"runs": 0, "flops": 0.0, "hours": 0.0} for name in STAGES}
     for name, stage in STAGES.items():
         for plan in stage(ladder):
             if ladder.store.get(plan.key) is None:
+                speed = statistics.median(speeds.get(plan.shape.hidden_size, [overall]))
                 planned[name]["runs"] += 1
                 planned[name]["flops"] += plan.budget.flops
+                planned[name]["hours"] += plan.budget.flops / speed / 3600
     return {"spent": spent, "planned": planned}
 
 
@@ -296,13 +304,17 @@ def budget_table(account: dict[str, Any]) -> str:
             f"{spent['hours']:.1f}",
             str(account["planned"][name]["runs"]),
             f"{account['planned'][name]['flops']:.3g}",
+            f"{account['planned'][name]['hours']:.1f}",
         )
         for name, spent in account["spent"].items()
     ]
     hours = sum(cell["hours"] for cell in account["spent"].values())
-    headers = ["stage", "runs done", "FLOPs done", "worker-hours", "runs planned next", "FLOPs planned next"]
-    intro = f"**Budget** ({hours:.1f} worker-hours so far; a worker is one core; planned = as far as results decide):"
-    return "\n".join([intro, "", *markdown_table(headers, rows, "lrrrrr")])
+    headers = ["stage", "runs done", "FLOPs done", "worker-hours", "runs next", "FLOPs next", "hours next"]
+    intro = (
+        f"**Budget** ({hours:.1f} worker-hours so far; a worker is one core, two share the machine). Next = the runs"
+        " planned as far as results so far decide, their hours at the speed measured at their width:"
+    )
+    return "\n".join([intro, "", *markdown_table(headers, rows, "lrrrrrr")])
 
 
 def markdown(summary: dict[str, Any]) -> str:

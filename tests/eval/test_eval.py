@@ -329,3 +329,15 @@ def test_unknown_task_is_one_clear_line(folders: dict[str, Path], capsys: pytest
     assert main(["eval", str(folders["hires"]), "--tasks", "stdlib_next_lines"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "unknown task 'stdlib_next_lines'" in line and "stdlib_next_line" in line
+
+
+def test_the_bootstrap_is_never_more_certain_than_the_seed_noise() -> None:
+    """Three points exactly on their laws: resampled residuals give a zero-width interval; seed noise widens it."""
+    laws = {"control": PowerLaw(30.0, 0.06), "hires": PowerLaw(29.5, 0.06)}
+    runs = _ladder(laws, noise=0.0, points=3)
+    exact = analyse(runs, bootstrap=300).multipliers[0]
+    assert exact.ci_high - exact.ci_low == pytest.approx(0.0, abs=1e-6)
+    noisy = analyse(runs, bootstrap=300, noise=0.02).multipliers[0]
+    assert noisy.value == pytest.approx(exact.value)
+    assert noisy.ci_low < noisy.value < noisy.ci_high
+    assert noisy.ci_high - noisy.ci_low > 0.1  # 0.02 nats on 3 points: the multiplier is far from pinned

@@ -14,6 +14,8 @@ from . import default
 def run_scaling(args: argparse.Namespace) -> int:
     if args.bootstrap < 0:
         raise HiResUserError("--bootstrap must be 0 (no interval) or a positive number of resamples.")
+    if args.noise < 0:
+        raise HiResUserError("--noise must be 0 (resample the fit's residuals) or a positive number of nats.")
     runs = read_runs(args.runs)
     report = analyse(
         runs,
@@ -23,6 +25,7 @@ def run_scaling(args: argparse.Namespace) -> int:
         at_loss=args.at_loss,
         bootstrap=args.bootstrap,
         seed=args.seed,
+        noise=args.noise,
     )
     out_dir = Path(args.out_dir or Path(args.runs).parent)
     write_json_atomic(out_dir / "scaling_fit.json", report.as_dict())
@@ -49,4 +52,10 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "--bootstrap", type=int, default=default(analyse, "bootstrap"), help="resamples for the confidence interval"
     )
     parser.add_argument("--seed", type=int, default=default(analyse, "seed"))
+    parser.add_argument(
+        "--noise",
+        type=float,
+        default=default(analyse, "noise"),
+        help="one point's loss noise in nats (the seed standard deviation): the least the bootstrap assumes",
+    )
     parser.set_defaults(func=run_scaling)

@@ -230,17 +230,23 @@ def fit_architectures(runs: Sequence[Point], irreducible: bool = False) -> dict[
     return fits
 
 
-def _bootstrap_laws(fit: ArchFit, irreducible: bool, rng: np.random.Generator, samples: int) -> list[PowerLaw]:
-    """Refits on the fitted curve plus resampled log residuals (the compute levels are a fixed design)."""
+def _bootstrap_laws(
+    fit: ArchFit, irreducible: bool, rng: np.random.Generator, samples: int, noise: float = 0.0
+) -> list[PowerLaw]:
+    """Refits on the fitted curve plus resampled log residuals (the compute levels are a fixed design). With
+    `noise` (nats), each point's residual is drawn from a normal at least that wide instead: a fit through few
+    points can lie closer to its points than their seeds do, and must not look more certain than the seeds."""
     flops = np.array([run.flops for run in fit.runs])
+    losses = np.array([run.loss for run in fit.runs])
     log_fitted = np.log(fit.law.loss(flops))
-    residuals = np.log([run.loss for run in fit.runs]) - log_fitted
+    residuals = np.log(losses) - log_fitted
     n, p = len(flops), 3 if irreducible else 2
     residuals *= math.sqrt(n / max(n - p, 1))  # fitted residuals underestimate the noise by about (n - p) / n
+    scale = np.maximum(np.sqrt(np.mean(residuals**2)), noise / losses)  # in log-loss units, per point
     laws = []
     for _ in range(samples):
-        loss = np.exp(log_fitted + rng.choice(residuals, size=n, replace=True))
-        laws.append(fit_power_law(flops, loss, irreducible))
+        draw = rng.normal(0.0, scale) if noise > 0 else rng.choice(residuals, size=n, replace=True)
+        laws.append(fit_power_law(flops, np.exp(log_fitted + draw), irreducible))
     return laws
 
 
@@ -253,18 +259,20 @@ def analyse(
     bootstrap: int = 1000,
     confidence: float = 0.95,
     seed: int = 0,
+    noise: float = 0.0,
 ) -> ScalingReport:
     """Fit every architecture; the multiplier of each one over `baseline` (if present) with a bootstrap CI.
 
     The multiplier is taken at `at_loss`, else at `at_compute`, else at the largest compute that architecture
-    was run at (inside the data: no extrapolation of its own law).
+    was run at (inside the data: no extrapolation of its own law). `noise`: the loss noise of one point in nats
+    (e.g. the seed standard deviation), a lower bound on what the bootstrap draws for each point.
     """
     fits = fit_architectures(runs, irreducible)
     report = ScalingReport(fits=fits)
     if baseline not in fits:
         return report
     rng = np.random.default_rng(seed)
-    baseline_laws = _bootstrap_laws(fits[baseline], irreducible, rng, bootstrap)
+    baseline_laws = _bootstrap_laws(fits[baseline], irreducible, rng, bootstrap, noise)
     for arch, fit in fits.items():
         if arch == baseline:
             continue
@@ -274,7 +282,7 @@ def analyse(
             )
         compute = None if at_loss is not None else (at_compute or max(run.flops for run in fit.runs))
         value = efficiency_multiplier(fit.law, fits[baseline].law, at_compute=compute, at_loss=at_loss)
-        laws = _bootstrap_laws(fit, irreducible, rng, bootstrap)
+        laws = _bootstrap_laws(fit, irreducible, rng, bootstrap, noise)
         draws = np.array(
             [efficiency_multiplier(h, v, compute, at_loss) for h, v in zip(laws, baseline_laws, strict=True)]
         )

@@ -48,6 +48,7 @@ def rung_cells(ladder: Ladder, index: int) -> dict[str, dict[str, Any]]:
             "bracket": bracket_status({lr: r.final_loss for lr, r in runs.items()}),
             "loss": statistics.fmean(losses),
             "seeds": len(losses),
+            "seed_losses": losses,
             "seed_spread": max(losses) - min(losses) if len(losses) > 1 else None,
             "tokens": best.tokens,
             "grid": {f"{lr:.4g}": r.final_loss for lr, r in sorted(runs.items())},
@@ -196,7 +197,8 @@ def fit(summary: dict[str, Any]) -> dict[str, Any] | None:
             points.append(Point(name, 1, rung["flops"], cell["loss"]))
     hires = top["best_hires"]
     chosen = [p for p in points if p.arch in ("baseline", hires)]
-    report = analyse(chosen, baseline="baseline", at_compute=top["flops"], bootstrap=2000)
+    noise = seed_sd(summary)
+    report = analyse(chosen, baseline="baseline", at_compute=top["flops"], bootstrap=2000, noise=noise or 0.0)
     laws = analyse(points, baseline="baseline", bootstrap=0)
     multiplier = report.multipliers[0] if report.multipliers else None
     gaps = [(math.log(r["flops"]), r["gap"]) for r in complete]
@@ -214,7 +216,20 @@ def fit(summary: dict[str, Any]) -> dict[str, Any] | None:
             "at_flops": multiplier.at_compute,
         },
         "gap_per_decade": None if slope is None else slope * math.log(10),
+        "seed_sd": noise,
     }
+
+
+def seed_sd(summary: dict[str, Any]) -> float | None:
+    """The pooled seed standard deviation of one run's final loss: over the floor's longest complete length and
+    every ladder cell with several seeds (the bootstrap's least noise per point, so that three points that
+    happen to fall on a line do not make the multiplier look certain)."""
+    groups = [cell["seed_losses"] for rung in summary["rungs"] for cell in rung["arms"].values()]
+    complete = [p["losses"] for p in summary["floor"].get("lengths", []) if p["spread"] is not None]
+    groups = [g for g in [*groups, *complete[-1:]] if len(g) > 1]
+    if not groups:
+        return None
+    return math.sqrt(statistics.fmean(statistics.variance(g) for g in groups))
 
 
 def _slope(points: list[tuple[float, float]]) -> float | None:
@@ -363,7 +378,8 @@ def markdown(summary: dict[str, Any]) -> str:
         m = result["multiplier"]
         lines.append(
             f"**Multiplier** of {result['best_hires']} over the baseline at {m['at_flops']:.3g} FLOPs: "
-            f"{m['value']:.3f} ({m['confidence']:.0%} CI {m['ci_low']:.3f}-{m['ci_high']:.3f}); gap trend "
+            f"{m['value']:.3f} ({m['confidence']:.0%} CI {m['ci_low']:.3f}-{m['ci_high']:.3f}, bootstrap with at least "
+            f"{result['seed_sd'] or 0:.4f} nats of seed noise a point); gap trend "
             f"{result['gap_per_decade']:+.3f} nats per decade of compute."
         )
     else:

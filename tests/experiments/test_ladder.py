@@ -141,7 +141,28 @@ def test_a_dead_workers_claim_is_taken_over(tmp_path):
     assert claim(store, "abc") and not claim(store, "abc")  # held by this live process (for another worker)
     (tmp_path / "claims" / "abc").write_text("999999999")  # a pid that does not run
     assert claim(store, "abc")
-    assert int((tmp_path / "claims" / "abc").read_text()) == os.getpid()
+    assert int((tmp_path / "claims" / "abc").read_text().split()[0]) == os.getpid()
+    (tmp_path / "claims" / "abc").write_text(f"{os.getpid()} another-boot")  # a live pid, but from before a reboot
+    assert claim(store, "abc")
+
+
+def test_a_terminated_worker_leaves_its_run_free(tmp_path):
+    """`kill` (SIGTERM) while a run trains: the worker exits and the next worker is not kept waiting on a claim."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    command = [sys.executable, "-m", "hires_hf.cli", "ladder", "--smoke", "--quiet", "--threads", "1"]
+    worker = subprocess.Popen([*command, "--out", str(tmp_path)], env={**os.environ, "HIRES_HF_CACHE": str(tmp_path)})
+    claims = tmp_path / "runs" / "claims"
+    deadline = time.monotonic() + 300
+    while not (claims.exists() and any(claims.iterdir())):
+        assert worker.poll() is None and time.monotonic() < deadline, "the worker never claimed a run"
+        time.sleep(0.05)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not list(claims.iterdir())
 
 
 def test_a_changed_default_is_a_new_cell_for_hires_and_not_for_the_control(monkeypatch, fake_ladder):

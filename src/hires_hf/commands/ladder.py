@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,10 +39,16 @@ def run_ladder(args: argparse.Namespace) -> int:
     if unknown:
         raise HiResUserError(f"Unknown stage(s) {unknown}; choose from {', '.join(STAGES)}.")
     set_threads(args.threads)
+    signal.signal(signal.SIGTERM, _exit_on_term)  # `kill`: leave the run's claim free for the next worker
     ladder = open_ladder(settings_of(args), args.out, cache_dir(), progress=not args.quiet)
     trained = run_stages(ladder, args.stages, progress=not args.quiet)
     print(f"Stages {' '.join(args.stages)} complete ({len(trained)} runs trained by this worker) in {args.out}.")
     return 0
+
+
+def _exit_on_term(signum: int, frame: object) -> None:
+    """SIGTERM as an exit, so that the claim is released on the way out (the run resumes from its checkpoint)."""
+    raise SystemExit(128 + signum)
 
 
 def run_ladder_report(args: argparse.Namespace) -> int:

@@ -343,7 +343,7 @@ def claim(store: RunStore, key: str) -> bool:
     for _ in range(2):
         try:
             with open(path, "x", encoding="utf-8") as file:
-                file.write(str(os.getpid()))
+                file.write(f"{os.getpid()} {_boot_id()}")
             return True
         except FileExistsError:
             if _alive(path):
@@ -352,10 +352,20 @@ def claim(store: RunStore, key: str) -> bool:
     return False
 
 
+def _boot_id() -> str:
+    """This boot of the machine: a pid in a claim written before a reboot names some other process now."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
 def _alive(path: Path) -> bool:
     try:
-        pid = int(path.read_text(encoding="utf-8") or 0)
-        os.kill(pid, 0)
+        pid, _, boot = path.read_text(encoding="utf-8").partition(" ")
+        if boot and boot.strip() != _boot_id():
+            return False  # written before this machine last started (a claim without a boot id: the pid decides)
+        os.kill(int(pid or 0), 0)
     except (ValueError, ProcessLookupError, FileNotFoundError):
         return False
     except PermissionError:

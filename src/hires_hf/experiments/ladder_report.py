@@ -295,14 +295,18 @@ def plot(summary: dict[str, Any], path: Path) -> Path:
     return save_figure(figure, path)
 
 
-def plot_floor(floor: dict[str, Any], path: Path) -> Path:
-    """Seed spread (max - min of the control's seeds) against training tokens, with the floor line."""
+def plot_floor(floor: dict[str, Any], path: Path, shortest_run: float | None = None) -> Path:
+    """Seed spread (max - min of the control's seeds) against training tokens, with the floor line and, where
+    known, the shortest run of the ladder's rungs (every verdict run sits to its right)."""
     plt = pyplot()
     figure, axis = plt.subplots(figsize=(6.4, 4.2))
     points = [(p["tokens"], p["spread"]) for p in floor["lengths"] if p["spread"] is not None]
     if points:
         axis.plot(*zip(*points, strict=True), "o-", color="black", label="control, 3 seeds (max - min)")
     axis.axhline(floor["floor_nats"], color="tab:red", linestyle="--", label=f"{floor['floor_nats']} nats")
+    if shortest_run:
+        label = f"shortest ladder run ({shortest_run / 1e6:.1f}M tokens)"
+        axis.axvline(shortest_run, color="tab:blue", linestyle=":", label=label)
     axis.set(xscale="log", xlabel="training tokens", ylabel="seed spread (nats)")
     axis.set_title(f"noise floor at {floor['shape']} (lr {floor['lr']:.3g}, this corpus)", fontsize=9)
     axis.grid(alpha=0.3)
@@ -395,7 +399,8 @@ def write_report(ladder: Ladder, folder: Path) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     write_json_atomic(folder / "summary.json", summary, default=str)
     if summary["floor"]:
-        plot_floor(summary["floor"], folder / "noise_floor.png")
+        tokens = [t for rung in summary["rungs"] for t in rung["tokens"].values()]
+        plot_floor(summary["floor"], folder / "noise_floor.png", min(tokens, default=None))
     if any(rung["arms"] for rung in summary["rungs"]):
         plot(summary, folder / "ladder.png")
     text = markdown(summary)

@@ -69,7 +69,7 @@ class NoiseFloor:
 
 # Copied from the ladder's report (benchmarks/results/ladder/summary.json, "floor") as its lengths come in: so far
 # three control seeds span 0.109 / 0.048 / 0.030 nats at 1M / 2M / 4M tokens (8M, 16M still running).
-NOISE_FLOOR: NoiseFloor | None = NoiseFloor(shape="96x12", tokens=4e6, nats=0.02, spread=0.030, reached=False)
+NOISE_FLOOR: NoiseFloor | None = NoiseFloor(shape="96x12", tokens=16e6, nats=0.02, spread=0.022, reached=False)
 
 
 def floor_warning(control_tokens: float, floor: NoiseFloor | None = NOISE_FLOOR) -> str | None:

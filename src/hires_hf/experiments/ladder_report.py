@@ -336,6 +336,12 @@ def budget_table(account: dict[str, Any]) -> str:
     return "\n".join([intro, "", *markdown_table(headers, rows, "lrrrrrr")])
 
 
+def _unreached(lengths: list[dict[str, Any]]) -> str:
+    if all(p["spread"] is not None for p in lengths):
+        return f"not reached by {lengths[-1]['tokens'] / 1e6:g}M tokens, the longest length measured."
+    return "not reached yet."
+
+
 def markdown(summary: dict[str, Any]) -> str:
     lines = ["# Compute ladder", "", "Commands:", "", "```", *summary["commands"], "```", ""]
     floor = summary["floor"]
@@ -348,7 +354,7 @@ def markdown(summary: dict[str, Any]) -> str:
         lines += [
             f"**Noise floor** ({floor['shape']}, control at lr {floor['lr']:.3g}, {floor['bracket']}; spread of 3 "
             f"seeds by training tokens): {lengths}. Shortest length at or under {floor['floor_nats']} nats: "
-            + (f"{reached / 1e6:g}M tokens." if reached else "not reached yet."),
+            + (f"{reached / 1e6:g}M tokens." if reached else _unreached(floor["lengths"])),
             "",
             "![noise floor](noise_floor.png)",
             "",

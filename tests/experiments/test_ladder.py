@@ -18,7 +18,7 @@ from hires_hf.experiments import harness
 from hires_hf.experiments import ladder as ladder_module
 from hires_hf.experiments.harness import Arm, Budget, Run, RunStore, Shape, plan_run
 from hires_hf.experiments.ladder import SQRT2, LadderSettings, claim, open_ladder, run_stages, top_grid
-from hires_hf.experiments.ladder_report import summarize, write_report
+from hires_hf.experiments.ladder_report import share_to_reach, summarize, write_report
 
 # Each arm's (made-up) best rate and best loss: final loss is a parabola in log2(rate) around it.
 OPTIMA = {"control": (8e-3, 3.0), "plain-twin": (2e-3, 3.1), "hires": (1.6e-2, 3.05), "D=4d": (8e-3, 3.2)}
@@ -207,9 +207,17 @@ def test_the_report_names_the_baseline_and_the_multiplier(fake_ladder, tmp_path)
         assert rung["gap"] == pytest.approx(rung["arms"]["hires"]["loss"] - rung["arms"]["control"]["loss"])
     multiplier = summary["fit"]["multiplier"]
     assert multiplier["ci_low"] <= multiplier["value"] <= multiplier["ci_high"]
+    assert all(rung["baseline_share"]["hires"] == pytest.approx(1.0) for rung in summary["rungs"])  # one-point curves
     text = write_report(ladder, tmp_path / "report")
     assert "**Multiplier** of hires" in text and (tmp_path / "report" / "summary.json").exists()
     assert (tmp_path / "report" / "ladder.png").stat().st_size > 10_000
+
+
+def test_the_baseline_curve_says_how_much_of_its_budget_an_arm_is_worth_at_most():
+    curve = [(0.0, 8.0), (50.0, 4.0), (100.0, 3.0)]
+    assert share_to_reach(curve, 3.5, 100.0) == pytest.approx(0.75)  # halfway between the last two evaluations
+    assert share_to_reach(curve, 4.0, 100.0) == pytest.approx(0.5)
+    assert share_to_reach(curve, 2.9, 100.0) is None  # the arm beat the baseline's final loss: no bound
 
 
 @pytest.mark.slow

@@ -57,6 +57,21 @@ def rung_cells(ladder: Ladder, index: int) -> dict[str, dict[str, Any]]:
     return cells
 
 
+def share_to_reach(curve: list[tuple[float, float]], loss: float, flops: float) -> float | None:
+    """The share of `flops` at which a run's validation curve first reaches `loss` (linear between evaluations),
+    None if it never does. Read off a run whose rate has not yet annealed, it overstates what a finished run of
+    that length would need, so the share bounds from above what an arm that ends at `loss` is worth."""
+    before: tuple[float, float] | None = None
+    for spent, value in curve:
+        if value <= loss:
+            if before is None:
+                return spent / flops
+            x0, y0 = before
+            return (x0 + (y0 - loss) / (y0 - value) * (spent - x0)) / flops
+        before = (spent, value)
+    return None
+
+
 def floor_points(ladder: Ladder) -> dict[str, Any]:
     """The control's seeds at each floor length: their losses, spread, and the shortest length under FLOOR_NATS."""
     s = ladder.settings
@@ -167,6 +182,9 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
         hires = {name: c["loss"] for name, c in cells.items() if ladder_arms([name])[0].kind == HIRES}
         best_hires = min(hires, key=hires.__getitem__) if hires else None
         gap = cells[best_hires]["loss"] - cells[baseline]["loss"] if baseline and best_hires else None
+        reference = cells[baseline]["curve"] if baseline else []
+        others = {name: c["loss"] for name, c in cells.items() if name != baseline}
+        shares = {name: share_to_reach(reference, loss, rung.flops) for name, loss in others.items()}
         summary["rungs"].append(
             {
                 "shape": rung.name,
@@ -176,6 +194,7 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
                 "baseline": baseline,
                 "best_hires": best_hires,
                 "gap": gap,
+                "baseline_share": shares,
             }
         )
     contenders = top_contenders(ladder)
@@ -249,6 +268,8 @@ def table(summary: dict[str, Any]) -> str:
             spread = "" if cell["seed_spread"] is None else f"{cell['seed_spread']:.3f}"
             mark = " (baseline)" if name == rung["baseline"] else ""
             gap = cell["loss"] - rung["arms"][rung["baseline"]]["loss"] if rung["baseline"] else float("nan")
+            share = rung["baseline_share"].get(name)
+            reach = "" if name == rung["baseline"] else "not in its budget" if share is None else f"{share:.2f}"
             rows.append(
                 (
                     rung["shape"],
@@ -259,12 +280,18 @@ def table(summary: dict[str, Any]) -> str:
                     cell["bracket"],
                     f"{cell['loss']:.4f}",
                     f"{gap:+.4f}",
+                    reach,
                     f"{cell['seeds']}",
                     spread,
                 )
             )
-    headers = ["rung", "FLOPs/run", "arm", "tokens", "best lr", "bracket", "loss", "vs baseline", "seeds", "spread"]
-    return "\n".join(markdown_table(headers, rows, "lrlrrlrrrr"))
+    headers = ["rung", "FLOPs/run", "arm", "tokens", "best lr", "bracket", "loss", "vs baseline", "baseline reaches it"]
+    headers += ["seeds", "spread"]
+    note = (
+        "*Baseline reaches it*: the share of its budget at which the baseline's best run first reaches the arm's final"
+        " loss, an upper bound on the arm's worth in the baseline's compute (that run's rate had not annealed yet)."
+    )
+    return "\n".join([*markdown_table(headers, rows, "lrlrrlrrrrr"), "", note])
 
 
 def plot(summary: dict[str, Any], path: Path) -> Path:
@@ -414,4 +441,4 @@ def write_report(ladder: Ladder, folder: Path) -> str:
     return text
 
 
-__all__ = ["summarize", "write_report"]
+__all__ = ["share_to_reach", "summarize", "write_report"]

@@ -1,11 +1,12 @@
 """How fast the package trains on this CPU, in every layout, against the cores' own bf16 matmul peak.
 
 For d in {128, 256, 512} (the package's shape rule, 8 layers, batches of 16 x 256 tokens, the package's optimizer
-and counted FLOPs), HiRes and its control in fp32, bf16 autocast and bf16 autocast + `torch.compile`, as one
+and counted FLOPs), HiRes and its control in fp32 and bf16 autocast, each eager and with `torch.compile`, as one
 process with every thread or one single-threaded process per core. Reports counted training TFLOP/s, the share
-of the measured bf16 matmul peak of the same cores, the compile's warm-up (for the first model of a shape and
-for a second one in the same process: the compiled graph is reused) and the run length from which the compile
-pays for itself. Every cell is measured in this one run, one after the other; run it on a quiet machine.
+of the cores' measured matmul peak (bf16 or fp32, whichever is faster here: a CPU without bf16 matrix units
+emulates bf16), the compile's warm-up (for the first model of a shape and for a second one in the same process:
+the compiled graph is reused) and the run length from which the compile pays for itself. Every cell is measured
+in this one run, one after the other; run it on a quiet machine.
 
     python -m benchmarks.cpu_throughput            # ~15 minutes; writes benchmarks/results/cpu_throughput/
     python -m benchmarks.cpu_throughput --smoke    # seconds (tests)
@@ -30,7 +31,8 @@ from hires_hf.plotting import pyplot, save_figure
 from hires_hf.tables import markdown_table
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu_throughput"
-PRECISIONS = ("fp32", "bf16", "bf16+compile")
+PRECISIONS = ("fp32", "fp32+compile", "bf16", "bf16+compile")
+COLOURS = {"fp32": "tab:gray", "fp32+compile": "tab:green", "bf16": "tab:blue", "bf16+compile": "tab:red"}
 
 
 def matmul_peak(threads: int, dtype: torch.dtype, size: int = 4096, seconds: float = 3.0) -> float:
@@ -44,6 +46,19 @@ def matmul_peak(threads: int, dtype: torch.dtype, size: int = 4096, seconds: flo
         a @ b
         count += 1
     return 2 * size**3 * count / (time.perf_counter() - start) / 1e12
+
+
+def cpu_name() -> str:
+    """The CPU's model name and whether it has bf16 matrix units (what decides the loop's "auto" precision)."""
+    from hires_hf.training.loop import bf16_matmul_hardware
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
+        name = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        name = "unknown CPU"
+    units = "bf16 matrix units (AMX or AVX512-BF16)" if bf16_matmul_hardware("cpu") else "no bf16 matrix units"
+    return f"{name}, {units}"
 
 
 def measure(arm: str, width: int, precision: str, threads: int, steps: int, batch: int, context: int) -> dict:
@@ -66,14 +81,14 @@ def measure(arm: str, width: int, precision: str, threads: int, steps: int, batc
         torch.manual_seed(0)
         model = chosen.model(shape, blocks)
         optimizer = build_optimizer(model, LoopSettings(steps=1, batch_size=batch, learning_rate=1e-3))
-        forward = torch.compile(model) if precision == "bf16+compile" else model
+        forward = torch.compile(model) if precision.endswith("+compile") else model
         start = time.perf_counter()
         for _ in range(2):
             step(forward, optimizer)
         return forward, optimizer, time.perf_counter() - start
 
     def step(forward: Any, optimizer: Any) -> None:
-        with autocast(cpu, "fp32" if precision == "fp32" else "bf16"):
+        with autocast(cpu, precision.removesuffix("+compile")):
             loss = forward(input_ids=ids, labels=ids).loss
         loss.backward()
         optimizer.step()
@@ -84,7 +99,7 @@ def measure(arm: str, width: int, precision: str, threads: int, steps: int, batc
     for _ in range(steps):
         step(forward, optimizer)
     seconds = time.perf_counter() - start
-    second_warmup = warm_model()[2] if precision == "bf16+compile" else None
+    second_warmup = warm_model()[2] if precision.endswith("+compile") else None
     tokens_per_second = steps * batch * context / seconds
     return {
         "tokens_per_second": tokens_per_second,
@@ -122,6 +137,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     layouts = {f"1 process x {cores} threads": (1, cores), f"{cores} processes x 1 thread": (cores, 1)}
     peak = {"bf16": matmul_peak(cores, torch.bfloat16), "fp32": matmul_peak(cores, torch.float32)}
     peak["bf16 one core"] = matmul_peak(1, torch.bfloat16)
+    best = max(("bf16", "fp32"), key=peak.__getitem__)
     rows = []
     for width in args.widths:
         for arm in ("hires", "control"):
@@ -129,10 +145,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for layout, (processes, threads) in layouts.items():
                     cell = {"arm": arm, "width": width, "precision": precision}
                     result = in_processes(processes, threads, cell, args.steps, args.batch, args.context)
-                    share = result["tflops"] / peak["bf16"]
-                    rows.append({**cell, "layout": layout, **result, "share_of_bf16_peak": share})
+                    share = result["tflops"] / peak[best]
+                    rows.append({**cell, "layout": layout, **result, "share_of_peak": share})
                     print(f"{width} {arm} {precision} {layout}: {result['tflops']:.3f} TFLOP/s", flush=True)
-    return {"peak_tflops": peak, "rows": rows, "batch": args.batch, "context": args.context, "steps": args.steps}
+    return {
+        "cpu": cpu_name(),
+        "peak_tflops": peak,
+        "peak_precision": best,
+        "rows": rows,
+        "batch": args.batch,
+        "context": args.context,
+        "steps": args.steps,
+    }
 
 
 def table(result: dict[str, Any]) -> list[str]:
@@ -147,16 +171,18 @@ def table(result: dict[str, Any]) -> list[str]:
                 row["layout"],
                 f"{row['tokens_per_second']:,.0f}",
                 f"{row['tflops']:.3f}",
-                f"{row['share_of_bf16_peak']:.0%}",
+                f"{row['share_of_peak']:.0%}",
                 f"{row['warmup_seconds']:.1f}" + ("" if warm is None else f" / {warm:.1f}"),
             )
         )
-    headers = ["shape", "arm", "precision", "layout", "tokens/s", "TFLOP/s", "of bf16 peak", "warm-up s (2nd model)"]
+    peak = f"of {result['peak_precision']} peak"
+    headers = ["shape", "arm", "precision", "layout", "tokens/s", "TFLOP/s", peak, "warm-up s (2nd model)"]
     return markdown_table(headers, rows, "llllrrrr")
 
 
 def compile_lines(result: dict[str, Any]) -> list[str]:
-    """Per shape and layout: from how many counted FLOPs a run repays its compile (HiRes)."""
+    """Per shape, layout and precision: how much faster the compiled loop is and from how many counted FLOPs a run
+    repays its compile (HiRes)."""
     lines = []
     for width in sorted({row["width"] for row in result["rows"]}):
         for layout in sorted({row["layout"] for row in result["rows"]}):
@@ -165,14 +191,30 @@ def compile_lines(result: dict[str, Any]) -> list[str]:
                 for r in result["rows"]
                 if (r["width"], r["arm"], r["layout"]) == (width, "hires", layout)
             }
-            if "bf16+compile" not in cells or "bf16" not in cells:
-                continue
-            flops = break_even_flops(cells["bf16"], cells["bf16+compile"])
-            speedup = cells["bf16+compile"]["tflops"] / cells["bf16"]["tflops"]
-            lines.append(
-                f"- {width}x8, {layout}: compile x{speedup:.2f} over bf16 eager; repays itself from "
-                + (f"{flops:.2g} counted FLOPs a run" if flops else "never")
-            )
+            for eager in ("fp32", "bf16"):
+                if eager not in cells or f"{eager}+compile" not in cells:
+                    continue
+                compiled = cells[f"{eager}+compile"]
+                flops = break_even_flops(cells[eager], compiled)
+                lines.append(
+                    f"- {width}x8, {layout}: compile x{compiled['tflops'] / cells[eager]['tflops']:.2f} over {eager} "
+                    "eager; repays itself from " + (f"{flops:.2g} counted FLOPs a run" if flops else "never")
+                )
+    return lines
+
+
+def precision_lines(result: dict[str, Any]) -> list[str]:
+    """Per shape and layout: bf16 over fp32, eager (HiRes): whether the loop's "auto" precision is the faster one."""
+    lines = []
+    for width in sorted({row["width"] for row in result["rows"]}):
+        for layout in sorted({row["layout"] for row in result["rows"]}):
+            cells = {
+                r["precision"]: r["tflops"]
+                for r in result["rows"]
+                if (r["width"], r["arm"], r["layout"]) == (width, "hires", layout)
+            }
+            if "fp32" in cells and "bf16" in cells:
+                lines.append(f"- {width}x8, {layout}: bf16 x{cells['bf16'] / cells['fp32']:.2f} the speed of fp32")
     return lines
 
 
@@ -182,10 +224,10 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     layouts = sorted({row["layout"] for row in result["rows"]})
     widths = sorted({row["width"] for row in result["rows"]})
     for axis, layout in zip(axes, layouts, strict=True):
-        for precision, colour in zip(PRECISIONS, ("tab:gray", "tab:blue", "tab:red"), strict=True):
+        for precision, colour in COLOURS.items():
             for arm, marker in (("hires", "o"), ("control", "s")):
                 cells = {
-                    r["width"]: r["share_of_bf16_peak"]
+                    r["width"]: r["share_of_peak"]
                     for r in result["rows"]
                     if (r["arm"], r["precision"], r["layout"]) == (arm, precision, layout)
                 }
@@ -197,7 +239,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
         axis.set(xscale="log", xlabel="hidden size d (L = 8)", title=layout)
         axis.set_xticks(widths, [str(w) for w in widths])
         axis.grid(alpha=0.3)
-    axes[0].set_ylabel("counted training TFLOP/s, % of the cores' bf16 matmul peak")
+    axes[0].set_ylabel(f"counted training TFLOP/s, % of the cores' {result['peak_precision']} matmul peak")
     axes[0].legend(fontsize=7)
     return save_figure(figure, path)
 
@@ -226,14 +268,19 @@ def main(argv: list[str] | None = None) -> int:
         "# Training throughput on this CPU",
         "",
         f"`{result['command'].strip()}`: the package's shape rule at d x 8, batches of {args.batch} x {args.context}, "
-        f"{args.steps} timed steps after 2 warm-up steps, every cell in this one run. The cores' measured matmul "
-        f"peak: bf16 {peak['bf16']:.2f} TFLOP/s ({peak['bf16 one core']:.2f} on one core), fp32 {peak['fp32']:.2f}.",
+        f"{args.steps} timed steps after 2 warm-up steps, every cell in this one run. CPU: {result['cpu']}. The "
+        f"cores' measured matmul peak: bf16 {peak['bf16']:.2f} TFLOP/s ({peak['bf16 one core']:.2f} on one core), "
+        f"fp32 {peak['fp32']:.2f}.",
         "",
         *table(result),
         "",
         "When `torch.compile` pays (HiRes; the loop compiles runs of at least `COMPILE_MIN_FLOPS` counted FLOPs):",
         "",
         *compile_lines(result),
+        "",
+        "bf16 against fp32 (HiRes, eager; the loop's `auto` precision is bf16 only on CPUs with bf16 matrix units):",
+        "",
+        *precision_lines(result),
         "",
         "![share of peak](cpu_throughput.png)",
     ]

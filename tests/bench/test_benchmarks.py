@@ -336,3 +336,18 @@ def test_cpu_throughput_counts_flops_of_the_trained_model_and_says_when_compile_
     eager, compiled = {"tflops": 0.1}, {"tflops": 0.2, "warmup_seconds": 30.0}
     assert cpu_throughput.break_even_flops(eager, compiled) == pytest.approx(30.0 / (1 / 0.1e12 - 1 / 0.2e12))
     assert cpu_throughput.break_even_flops(compiled | {"warmup_seconds": 1.0}, eager | {"warmup_seconds": 1.0}) is None
+
+
+def test_cpu_throughput_says_which_precision_and_compile_pay_on_a_cpu_without_bf16_units():
+    """Where bf16 is emulated (5x slower here, made up), the report shows it, and fp32's compile gets its line."""
+    from benchmarks import cpu_throughput
+
+    speeds = {"fp32": 0.1, "fp32+compile": 0.15, "bf16": 0.02}
+    rows = [
+        {"width": 64, "arm": "hires", "layout": "2 processes", "precision": precision, "tflops": tflops}
+        | {"warmup_seconds": 10.0}
+        for precision, tflops in speeds.items()
+    ]
+    (line,) = cpu_throughput.compile_lines({"rows": rows})  # no bf16+compile cell: no bf16 line
+    assert "compile x1.50 over fp32 eager; repays itself from 3e+12 counted FLOPs" in line
+    assert cpu_throughput.precision_lines({"rows": rows}) == ["- 64x8, 2 processes: bf16 x0.20 the speed of fp32"]

@@ -198,6 +198,33 @@ def test_the_key_follows_recipe_data_precision_and_code(fake_ladder, monkeypatch
     assert plan_run(arm, 4e-3, shape, data, budget, precision="fp32", compile="off").key != base
 
 
+def test_the_ladder_is_bf16_on_any_cpu_and_a_worker_asks_before_emulating_it(fake_ladder, monkeypatch, capsys):
+    """Its stored runs are bf16, so they are found (and reported) on a CPU without bf16 matrix units too; a worker
+    there stops with the fix instead of training for hours at emulated speed, unless --precision was given."""
+    from hires_hf.cli import main
+    from hires_hf.commands import ladder as command
+    from hires_hf.training import loop
+
+    ladder, _ = fake_ladder
+    monkeypatch.setattr(loop, "bf16_matmul_hardware", lambda device_type: False)
+    monkeypatch.setattr(command, "bf16_matmul_hardware", lambda device_type: False)
+    plan = plan_run(
+        Arm("control", "control"),
+        4e-3,
+        ladder.rungs[0].shape,
+        ladder.data,
+        Budget(flops=2e9, batch_size=4),
+        precision=LadderSettings().precision,
+    )
+    assert plan.spec["recipe"]["precision"] == "bf16"
+
+    out = ladder.store.folder.parent / "cpu-without-bf16"
+    assert main(["ladder", "--quiet", "--out", str(out)]) == 2
+    assert "no bf16 matrix units" in capsys.readouterr().err and not out.exists()
+    command.check_native_precision(LadderSettings(), asked="bf16")  # asked for: trains here anyway
+    command.check_native_precision(LadderSettings.smoke(), asked=None)  # "auto": fp32 here, nothing to ask
+
+
 def test_the_report_names_the_baseline_and_the_multiplier(fake_ladder, tmp_path):
     ladder, _ = fake_ladder
     run_stages(ladder, ["floor", "grid", "top"], progress=False, log=lambda line: None)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import HiResUserError
 from ..experiments.ladder import STAGES, LadderSettings, open_ladder, run_stages
+from ..training.loop import bf16_matmul_hardware
 from . import default, set_threads
 
 DEFAULT_OUT = Path("benchmarks/results/ladder")
@@ -38,12 +39,27 @@ def run_ladder(args: argparse.Namespace) -> int:
     unknown = [stage for stage in args.stages if stage not in STAGES]
     if unknown:
         raise HiResUserError(f"Unknown stage(s) {unknown}; choose from {', '.join(STAGES)}.")
+    settings = settings_of(args)
+    check_native_precision(settings, asked=args.precision)
     set_threads(args.threads)
     signal.signal(signal.SIGTERM, _exit_on_term)  # `kill`: leave the run's claim free for the next worker
-    ladder = open_ladder(settings_of(args), args.out, cache_dir(), progress=not args.quiet)
+    ladder = open_ladder(settings, args.out, cache_dir(), progress=not args.quiet)
     trained = run_stages(ladder, args.stages, progress=not args.quiet)
     print(f"Stages {' '.join(args.stages)} complete ({len(trained)} runs trained by this worker) in {args.out}.")
     return 0
+
+
+def check_native_precision(settings: LadderSettings, asked: str | None) -> None:
+    """Refuse to train the ladder's bf16 runs on a CPU that would emulate bf16 (several times slower than its fp32)
+    unless --precision says so: a worker there would spend hours on runs a bf16 machine trains in minutes."""
+    if asked is not None or settings.precision != "bf16" or settings.device != "cpu" or bf16_matmul_hardware("cpu"):
+        return
+    raise HiResUserError(
+        "This CPU has no bf16 matrix units (AMX or AVX512-BF16), so the ladder's bf16 runs would be emulated, "
+        "several times slower than fp32 here: run the workers on a CPU with AMX or on a GPU (--device cuda), "
+        "or pass --precision bf16 to train here anyway (--precision fp32 starts a separate fp32 ladder; "
+        "give it its own --out)."
+    )
 
 
 def _exit_on_term(signum: int, frame: object) -> None:
@@ -70,7 +86,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results folder (default {DEFAULT_OUT})")
     parser.add_argument("--smoke", action="store_true", help="the seconds-long ladder (tests)")
     parser.add_argument("--device", help=f"default {default(LadderSettings, 'device')}")
-    parser.add_argument("--precision", choices=("auto", "bf16", "fp32"), help="default: bf16 where native")
+    parser.add_argument(
+        "--precision", choices=("auto", "bf16", "fp32"), help=f"default {default(LadderSettings, 'precision')}"
+    )
     parser.add_argument("--compile", choices=("auto", "on", "off"), help="default: compile runs that repay it")
     parser.add_argument("--threads", type=int, help="torch CPU threads (one per worker when two share 2 cores)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -36,6 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import HiResUserError
+from ..training.loop import resolve_precision
 from .harness import (
     CONTROL,
     HIRES,
@@ -111,7 +112,9 @@ class LadderSettings:
     floor_seeds: int = 3
     precision_tokens: float = 2e6  # bf16 against fp32 at the floor's shape: this long, these seeds
     precision_seeds: int = 2
-    precision: str = "auto"
+    # bf16 wherever it trains: its stored runs are keyed by it, so a report on any machine finds them (a CPU
+    # without bf16 matrix units would emulate it: `hires-hf ladder` asks for --precision there)
+    precision: str = "bf16"
     compile: str = "auto"
     device: str = "cpu"
 
@@ -132,6 +135,7 @@ class LadderSettings:
             floor_grid_tokens=4e3,
             floor_seeds=2,
             precision_tokens=4e3,
+            precision="auto",
             compile="off",
         )
         return cls(**{**fields, **overrides})
@@ -157,6 +161,11 @@ class Ladder:
     @property
     def arms(self) -> list[Arm]:
         return ladder_arms(self.settings.arms)
+
+    @property
+    def precision(self) -> str:
+        """What its runs train in ("bf16" or "fp32"); the precision check's runs in the other one are the exception."""
+        return resolve_precision(self.device, self.settings.precision)
 
     def plan(
         self,

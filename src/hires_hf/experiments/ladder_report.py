@@ -127,14 +127,14 @@ def precision_points(ladder: Ladder) -> dict[str, Any]:
 
 
 def stage_of(ladder: Ladder, run: Run) -> str:
-    """Which stage a stored run belongs to: a rung's FLOPs is the grid (the top rung's: top); fp32, or HiRes
-    below a rung's FLOPs, is the precision check; the control in bf16 below a rung's FLOPs is the floor."""
+    """Which stage a stored run belongs to: a rung's FLOPs is the grid (the top rung's: top); below a rung's FLOPs,
+    HiRes or a precision other than the ladder's is the precision check, the control in the ladder's is the floor."""
     flops = run.spec["budget"]["flops"]
     rungs = [rung.flops for rung in ladder.rungs]
     for index, rung_flops in enumerate(rungs):
         if math.isclose(flops, rung_flops, rel_tol=1e-9):
             return "top" if index == len(rungs) - 1 and len(rungs) > 1 else "grid"
-    if run.spec["recipe"]["precision"] == "fp32" or run.spec["arm"]["kind"] != "control":
+    if run.spec["recipe"]["precision"] != ladder.precision or run.spec["arm"]["kind"] != "control":
         return "precision"
     return "floor"
 
@@ -151,7 +151,7 @@ def budget(ladder: Ladder) -> dict[str, Any]:
         cell["runs"] += 1
         cell["flops"] += flops
         cell["hours"] += run.seconds / 3600
-        if run.spec["recipe"]["precision"] != "fp32":
+        if run.spec["recipe"]["precision"] == ladder.precision:
             speeds.setdefault(run.spec["config"]["hidden_size"], []).append(flops / run.seconds)
     overall = statistics.median([v for values in speeds.values() for v in values] or [float("nan")])
     planned = {name: {"runs": 0, "flops": 0.0, "hours": 0.0} for name in STAGES}

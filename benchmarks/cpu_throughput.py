@@ -35,11 +35,20 @@ PRECISIONS = ("fp32", "fp32+compile", "bf16", "bf16+compile")
 COLOURS = {"fp32": "tab:gray", "fp32+compile": "tab:green", "bf16": "tab:blue", "bf16+compile": "tab:red"}
 
 
-def matmul_peak(threads: int, dtype: torch.dtype, size: int = 4096, seconds: float = 3.0) -> float:
-    """TFLOP/s of repeated (size x size) @ (size x size) products on `threads` threads: the cores' peak."""
+def matmul_peak(threads: int, dtype: torch.dtype, largest: int = 4096, seconds: float = 3.0) -> float:
+    """TFLOP/s of repeated square products on `threads` threads: the cores' peak. The size doubles from 512 while
+    one product takes under a tenth of a second, up to `largest` (where `dtype` is emulated, as bf16 is on a CPU
+    without bf16 units, one product of 4096 takes minutes and a smaller one measures the same rate)."""
     torch.set_num_threads(threads)
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    for _ in range(3):
+    size = 256
+    while size < largest:
+        size *= 2
+        a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+        start = time.perf_counter()
+        a @ b
+        if time.perf_counter() - start > 0.1:
+            break
+    for _ in range(2):
         a @ b
     count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -238,6 +247,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
         axis.axhline(25, color="black", linestyle=":", linewidth=1)
         axis.set(xscale="log", xlabel="hidden size d (L = 8)", title=layout)
         axis.set_xticks(widths, [str(w) for w in widths])
+        axis.set_xticks([], minor=True)  # a log axis's minor labels crowd two or three widths
         axis.grid(alpha=0.3)
     axes[0].set_ylabel(f"counted training TFLOP/s, % of the cores' {result['peak_precision']} matmul peak")
     axes[0].legend(fontsize=7)
@@ -269,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"`{result['command'].strip()}`: the package's shape rule at d x 8, batches of {args.batch} x {args.context}, "
         f"{args.steps} timed steps after 2 warm-up steps, every cell in this one run. CPU: {result['cpu']}. The "
-        f"cores' measured matmul peak: bf16 {peak['bf16']:.2f} TFLOP/s ({peak['bf16 one core']:.2f} on one core), "
-        f"fp32 {peak['fp32']:.2f}.",
+        f"cores' measured matmul peak: bf16 {peak['bf16']:.3g} TFLOP/s ({peak['bf16 one core']:.3g} on one core), "
+        f"fp32 {peak['fp32']:.3g}.",
         "",
         *table(result),
         "",

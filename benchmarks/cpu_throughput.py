@@ -1,4 +1,4 @@
-"""How fast the package trains on this CPU, in every layout, against the cores' own bf16 matmul peak.
+"""How fast the package trains on this CPU, in every layout, against the cores' own matmul peak.
 
 For d in {128, 256, 512} (the package's shape rule, 8 layers, batches of 16 x 256 tokens, the package's optimizer
 and counted FLOPs), HiRes and its control in fp32 and bf16 autocast, each eager and with `torch.compile`, as one
@@ -8,7 +8,7 @@ emulates bf16), the compile's warm-up (for the first model of a shape and for a 
 the compiled graph is reused) and the run length from which the compile pays for itself. Every cell is measured
 in this one run, one after the other; run it on a quiet machine.
 
-    python -m benchmarks.cpu_throughput            # ~15 minutes; writes benchmarks/results/cpu_throughput/
+    python -m benchmarks.cpu_throughput            # writes benchmarks/results/cpu_throughput/
     python -m benchmarks.cpu_throughput --smoke    # seconds (tests)
 """
 
@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -189,42 +190,38 @@ def table(result: dict[str, Any]) -> list[str]:
     return markdown_table(headers, rows, "llllrrrr")
 
 
+def hires_cells(result: dict[str, Any]) -> Iterator[tuple[int, str, dict[str, dict[str, Any]]]]:
+    """(width, layout, {precision: row}) of HiRes's rows, in order: what the compile and precision lines compare."""
+    rows = [row for row in result["rows"] if row["arm"] == "hires"]
+    for width in sorted({row["width"] for row in rows}):
+        for layout in sorted({row["layout"] for row in rows}):
+            yield width, layout, {r["precision"]: r for r in rows if (r["width"], r["layout"]) == (width, layout)}
+
+
 def compile_lines(result: dict[str, Any]) -> list[str]:
     """Per shape, layout and precision: how much faster the compiled loop is and from how many counted FLOPs a run
     repays its compile (HiRes)."""
     lines = []
-    for width in sorted({row["width"] for row in result["rows"]}):
-        for layout in sorted({row["layout"] for row in result["rows"]}):
-            cells = {
-                r["precision"]: r
-                for r in result["rows"]
-                if (r["width"], r["arm"], r["layout"]) == (width, "hires", layout)
-            }
-            for eager in ("fp32", "bf16"):
-                if eager not in cells or f"{eager}+compile" not in cells:
-                    continue
-                compiled = cells[f"{eager}+compile"]
-                flops = break_even_flops(cells[eager], compiled)
-                lines.append(
-                    f"- {width}x8, {layout}: compile x{compiled['tflops'] / cells[eager]['tflops']:.2f} over {eager} "
-                    "eager; repays itself from " + (f"{flops:.2g} counted FLOPs a run" if flops else "never")
-                )
+    for width, layout, cells in hires_cells(result):
+        for eager in ("fp32", "bf16"):
+            if eager not in cells or f"{eager}+compile" not in cells:
+                continue
+            compiled = cells[f"{eager}+compile"]
+            flops = break_even_flops(cells[eager], compiled)
+            lines.append(
+                f"- {width}x8, {layout}: compile x{compiled['tflops'] / cells[eager]['tflops']:.2f} over {eager} "
+                "eager; repays itself from " + (f"{flops:.2g} counted FLOPs a run" if flops else "never")
+            )
     return lines
 
 
 def precision_lines(result: dict[str, Any]) -> list[str]:
     """Per shape and layout: bf16 over fp32, eager (HiRes): whether the loop's "auto" precision is the faster one."""
-    lines = []
-    for width in sorted({row["width"] for row in result["rows"]}):
-        for layout in sorted({row["layout"] for row in result["rows"]}):
-            cells = {
-                r["precision"]: r["tflops"]
-                for r in result["rows"]
-                if (r["width"], r["arm"], r["layout"]) == (width, "hires", layout)
-            }
-            if "fp32" in cells and "bf16" in cells:
-                lines.append(f"- {width}x8, {layout}: bf16 x{cells['bf16'] / cells['fp32']:.2f} the speed of fp32")
-    return lines
+    return [
+        f"- {width}x8, {layout}: bf16 x{cells['bf16']['tflops'] / cells['fp32']['tflops']:.2f} the speed of fp32"
+        for width, layout, cells in hires_cells(result)
+        if "fp32" in cells and "bf16" in cells
+    ]
 
 
 def plot(result: dict[str, Any], path: Path) -> Path:

@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# The GPU checks, in the order they matter (PHASES=compare alone fits in 10 minutes on one H200), each writing as it goes under $OUT:
+# The GPU checks, in the order they matter (PHASES=compare alone fits in 10 minutes on one H200):
 #   compare:   `hires-hf compare` at d=512, L=16, k=4: the shipped HiRes against the scaled-embedding control,
 #              12M control tokens a run, each over its own bracketing grid from 5e-4 / 1e-3 / 2e-3 (~8 minutes).
 #   stability: the stability grid at d=512, L=16 (docs/stability.md), HiRes vs its twin over peak learning
 #              rates, and the old default (vanilla-scale embedding) at 1e-3 and 2e-3: does the stall reproduce?
-#   ladder:    the compute ladder's stages on the GPU (`hires-hf ladder --device cuda`), a cross-check of the CPU
-#              numbers; resumable: the finished runs come back under $OUT/ladder/runs and, carried back, are reused.
+#   ladder:    the compute ladder on the GPU (`hires-hf ladder --device cuda`, LADDER_WORKERS processes sharing
+#              the GPU: its small models leave one process waiting on kernel launches), a cross-check of the CPU
+#              ladder. Resumable: it starts from the runs committed under benchmarks/results/ladder_gpu/runs, its
+#              workers start no run in the last LADDER_TAIL seconds (a run cut off would be lost), and the report is
+#              written on the GPU machine (the runs' data is that machine's own Python sources).
+# Each phase's results come back as one archive ($OUT/<phase>.tar.gz) beside its log ($OUT/<phase>_log.txt): at
+# most 8 files come back from a GPU session. Unpack the ladder's into benchmarks/results/ladder_gpu and commit it.
 # Usage: OUT=runs/gpu scripts/gpu_session.sh
-#   PHASES=stability|ladder runs one of them; STAB_STEPS, STAB_LRS, STAB_ARCHS, LADDER_STAGES, LADDER_ARGS and
-#   MAX_CHARS shrink them to fit less GPU time; SMOKE=1 runs seconds-long versions; JSON_ONLY=1 leaves only the
-#   JSON and the logs under $OUT (rebuild a table and figure with `python benchmarks/stability.py --render FILE.json`).
+#   PHASES=stability|ladder runs one of them; STAB_STEPS, STAB_LRS, STAB_ARCHS, LADDER_STAGES, LADDER_WORKERS,
+#   LADDER_ARGS and MAX_CHARS shrink them to fit less GPU time; SMOKE=1 runs seconds-long versions (DEVICE=cpu:
+#   the ladder's on this machine's CPU, to try the script without a GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu}"
+WORK="${WORK:-$(mktemp -d)}"  # each phase's folder, packed into $OUT when the phase ends
 PY="${PYTHON:-python3}"
 PHASES="${PHASES:-compare stability ladder}"
-mkdir -p "$OUT/ladder"
+DEVICE="${DEVICE:-cuda}"
+mkdir -p "$OUT" "$WORK"
 if compgen -G ".whl/*.whl" >/dev/null; then  # a GPU image with an older transformers: the carried wheel first
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
@@ -24,30 +31,53 @@ export PYTHONPATH="$PWD/src:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 HF_HUB_OFFL
 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, \
 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))" | tee "$OUT/env.txt"
 
+pack() {  # pack PHASE: its folder under $WORK as $OUT/PHASE.tar.gz (one file back, however many it holds)
+  tar -czf "$OUT/$1.tar.gz" -C "$WORK" "$1" && echo "packed $OUT/$1.tar.gz"
+}
+
 if [[ " $PHASES " == *" compare "* ]]; then
   cmp=(-m hires_hf.cli compare --model 512x16 --vocab-size 8192 --data python --max-chars "${MAX_CHARS:-80000000}"
-       --context 1024 --batch-size 64 --budget-tokens "${CMP_TOKENS:-12e6}" --lrs 5e-4 1e-3 2e-3 --out "$OUT/compare")
-  [ -n "${SMOKE:-}" ] && cmp=(-m hires_hf.cli compare --model tiny --smoke --out "$OUT/compare")
+       --context 1024 --batch-size 64 --budget-tokens "${CMP_TOKENS:-12e6}" --lrs 5e-4 1e-3 2e-3 --out "$WORK/compare")
+  [ -n "${SMOKE:-}" ] && cmp=(-m hires_hf.cli compare --model tiny --smoke --out "$WORK/compare")
   timeout "${CMP_SECONDS:-500}" "$PY" "${cmp[@]}" 2>&1 | tr '\r' '\n' | grep -v "it/s\|run/s" \
     | tee "$OUT/compare_log.txt" | tail -12
-  rm -rf "$OUT/compare/hires" "$OUT/compare/control"  # the models stay on the machine; the numbers come back
+  rm -rf "$WORK/compare/hires" "$WORK/compare/control"  # the models stay on the machine; the numbers come back
+  [ -d "$WORK/compare" ] && pack compare
 fi
 
 if [[ " $PHASES " == *" stability "* ]]; then
-  stab=(benchmarks/stability.py --preset gpu --out-dir "$OUT" --vanilla-steps "${STAB_STEPS:-92}")
-  [ -n "${SMOKE:-}" ] && stab=(benchmarks/stability.py --smoke --out-dir "$OUT")
+  stab=(benchmarks/stability.py --preset gpu --out-dir "$WORK/stability" --vanilla-steps "${STAB_STEPS:-92}")
+  [ -n "${SMOKE:-}" ] && stab=(benchmarks/stability.py --smoke --out-dir "$WORK/stability")
   [ -n "${STAB_LRS:-}" ] && stab+=(--lrs $STAB_LRS)
   [ -n "${STAB_ARCHS:-}" ] && stab+=(--archs $STAB_ARCHS)
   timeout "${STAB_SECONDS:-290}" "$PY" "${stab[@]}" --old-lrs 1e-3 2e-3 2>&1 | tr '\r' '\n' | grep -v "it/s" \
     | tee "$OUT/stability_log.txt" | tail -25
-  [ -n "${JSON_ONLY:-}" ] && rm -f "$OUT"/*.png "$OUT"/*.md
+  [ -d "$WORK/stability" ] && pack stability
 fi
 
+ladder_worker() {  # ladder_worker I SECONDS: one worker, its log under the ladder's folder
+  local minutes
+  minutes=$(awk -v s="$2" -v tail="${LADDER_TAIL:-150}" 'BEGIN { print (s - tail) / 60 }')
+  timeout "$2" "$PY" "${ladder[@]}" --claim-for "$minutes" >"$WORK/ladder/worker$1.log" 2>&1
+}
+
 if [[ " $PHASES " == *" ladder "* ]]; then
-  ladder=(-m hires_hf.cli ladder --device cuda --stages ${LADDER_STAGES:-grid top} --out "$OUT/ladder" --quiet)
-  [ -n "${SMOKE:-}" ] && ladder=(-m hires_hf.cli ladder --device cuda --smoke --out "$OUT/ladder" --quiet)
-  [ -n "${LADDER_ARGS:-}" ] && ladder+=($LADDER_ARGS)
-  timeout "${LADDER_SECONDS:-480}" "$PY" "${ladder[@]}" 2>&1 | tee "$OUT/ladder/log.txt" | tail -15
-  rm -rf "$OUT/ladder/runs/checkpoints" "$OUT/ladder/runs/claims"
+  mkdir -p "$WORK/ladder/runs"
+  [ -z "${SMOKE:-}" ] && cp benchmarks/results/ladder_gpu/runs/*.json "$WORK/ladder/runs/" 2>/dev/null  # earlier sessions
+  ladder=(-m hires_hf.cli ladder --device "$DEVICE" --out "$WORK/ladder" --quiet --threads "${LADDER_THREADS:-2}")
+  [ -n "${SMOKE:-}" ] && ladder+=(--smoke)
+  report=("${ladder[@]}" --report)
+  ladder+=(--stages ${LADDER_STAGES:-grid top} ${LADDER_ARGS:-})
+  seconds="${LADDER_SECONDS:-480}" start=$SECONDS
+  ladder_worker 0 "$seconds" &
+  first=$!
+  # the others start once the first has prepared the data (it then holds a claim) or has nothing left to train
+  until compgen -G "$WORK/ladder/runs/claims/*" >/dev/null || ! kill -0 "$first" 2>/dev/null; do sleep 2; done
+  for ((i = 1; i < ${LADDER_WORKERS:-6}; i++)); do ladder_worker "$i" "$(( seconds - (SECONDS - start) ))" & done
+  wait
+  tail -n 3 "$WORK"/ladder/worker*.log | tee "$OUT/ladder_log.txt"
+  timeout 120 "$PY" "${report[@]}" 2>&1 | tee -a "$OUT/ladder_log.txt" | tail -40
+  rm -rf "$WORK/ladder/runs/checkpoints" "$WORK/ladder/runs/claims"
+  pack ladder
 fi
 echo "done"

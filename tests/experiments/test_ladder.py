@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -83,6 +85,28 @@ def test_a_stopped_ladder_trains_nothing_twice(fake_ladder):
     assert len(trained) > count
 
 
+def test_a_worker_on_a_held_machine_starts_no_run_after_its_time(fake_ladder, monkeypatch):
+    """On a machine held for a fixed time, a worker finishes the run in hand and then stops claiming: the runs it
+    did not start stay open for the next worker instead of being lost half-trained."""
+    from hires_hf.experiments.ladder import open_runs
+
+    ladder, trained = fake_ladder
+    clock = {"now": 0.0}
+    monkeypatch.setattr(ladder_module, "time", SimpleNamespace(monotonic=lambda: clock["now"], sleep=time.sleep))
+    execute = ladder_module.execute
+
+    def slow_execute(*args, **kwargs):
+        clock["now"] += 60.0  # each run takes a minute
+        return execute(*args, **kwargs)
+
+    monkeypatch.setattr(ladder_module, "execute", slow_execute)
+    first = run_stages(ladder, ["grid"], progress=False, log=lambda line: None, claim_until=90.0)
+    assert len(first) == 2  # started at 0 s and 60 s; at 120 s its time was up
+    assert open_runs(ladder, ["grid"])  # the rest is left for the next worker
+    rest = run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    assert not open_runs(ladder, ["grid"]) and len({p.key for p in trained}) == len(first) + len(rest)
+
+
 def _floor_lengths_trained(ladder, trained) -> list[float]:
     s, control = ladder.settings, Arm("control", "control")
     rung = ladder.rungs[s.floor_rung]
@@ -151,7 +175,6 @@ def test_a_terminated_worker_leaves_its_run_free(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     command = [sys.executable, "-m", "hires_hf.cli", "ladder", "--smoke", "--quiet", "--threads", "1"]
     worker = subprocess.Popen([*command, "--out", str(tmp_path)], env={**os.environ, "HIRES_HF_CACHE": str(tmp_path)})
@@ -238,6 +261,21 @@ def test_the_report_names_the_baseline_and_the_multiplier(fake_ladder, tmp_path)
     text = write_report(ladder, tmp_path / "report")
     assert "**Multiplier** of hires" in text and (tmp_path / "report" / "summary.json").exists()
     assert (tmp_path / "report" / "ladder.png").stat().st_size > 10_000
+
+
+def test_a_gpu_ladders_report_says_how_it_was_run(fake_ladder, tmp_path):
+    """A GPU ladder's runs are keyed apart from the CPU's, and its report gives the GPU's commands, not the CPU's."""
+    import torch
+
+    ladder, _ = fake_ladder
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    cpu_keys = {run.key for run in ladder.store.runs()}
+    ladder.device, ladder._plans = torch.device("cuda"), {}
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    assert {run.key for run in ladder.store.runs()} > cpu_keys  # nothing of the CPU's reused
+    text = write_report(ladder, tmp_path / "report")
+    assert "scripts/gpu_session.sh" in text and "--threads 1" not in text
+    assert "several share the GPU" in text and summarize(ladder)["device"] == "cuda"
 
 
 def test_the_baseline_curve_says_how_much_of_its_budget_an_arm_is_worth_at_most():

@@ -9,13 +9,15 @@ The work is in `hires_hf.experiments.ladder`; results go to benchmarks/results/l
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
+import time
 from dataclasses import replace
 from pathlib import Path
 
 from ..errors import HiResUserError
-from ..experiments.ladder import STAGES, LadderSettings, open_ladder, run_stages
+from ..experiments.ladder import STAGES, LadderSettings, open_ladder, open_runs, run_stages
 from ..training.loop import bf16_matmul_hardware
 from . import default, set_threads
 
@@ -39,13 +41,16 @@ def run_ladder(args: argparse.Namespace) -> int:
     unknown = [stage for stage in args.stages if stage not in STAGES]
     if unknown:
         raise HiResUserError(f"Unknown stage(s) {unknown}; choose from {', '.join(STAGES)}.")
+    claim_until = math.inf if args.claim_for is None else time.monotonic() + 60 * args.claim_for
     settings = settings_of(args)
     check_native_precision(settings, asked=args.precision)
     set_threads(args.threads)
     signal.signal(signal.SIGTERM, _exit_on_term)  # `kill`: leave the run's claim free for the next worker
     ladder = open_ladder(settings, args.out, cache_dir(), progress=not args.quiet)
-    trained = run_stages(ladder, args.stages, progress=not args.quiet)
-    print(f"Stages {' '.join(args.stages)} complete ({len(trained)} runs trained by this worker) in {args.out}.")
+    trained = run_stages(ladder, args.stages, progress=not args.quiet, claim_until=claim_until)
+    left = len(open_runs(ladder, args.stages))
+    state = f"stopped claiming after {args.claim_for:g} min, {left} runs still open" if left else "complete"
+    print(f"Stages {' '.join(args.stages)} {state} ({len(trained)} runs trained by this worker) in {args.out}.")
     return 0
 
 
@@ -90,6 +95,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "--precision", choices=("auto", "bf16", "fp32"), help=f"default {default(LadderSettings, 'precision')}"
     )
     parser.add_argument("--compile", choices=("auto", "on", "off"), help="default: compile runs that repay it")
+    parser.add_argument(
+        "--claim-for",
+        type=float,
+        metavar="MINUTES",
+        help="start no run after this many minutes (a machine held for a fixed time: the run in hand finishes)",
+    )
     parser.add_argument("--threads", type=int, help="torch CPU threads (one per worker when two share 2 cores)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_ladder)

@@ -386,20 +386,29 @@ def release(store: RunStore, key: str) -> None:
     (store.folder / "claims" / key).unlink(missing_ok=True)
 
 
+def open_runs(ladder: Ladder, stages: Sequence[str]) -> list[RunPlan]:
+    """The stages' runs planned so far (as far as the stored results decide) that are not in the store yet."""
+    ladder.store.refresh()
+    plans = [plan for stage in stages for plan in STAGES[stage](ladder)]
+    return [plan for plan in plans if ladder.store.get(plan.key) is None]
+
+
 def run_stages(
     ladder: Ladder,
     stages: Sequence[str],
     progress: bool = True,
     poll_seconds: float = 30.0,
     log: Callable[[str], None] = print,
+    claim_until: float = math.inf,
 ) -> list[Run]:
-    """Train the stages' planned runs until none is left; waits while other workers hold the runs it needs."""
+    """Train the stages' planned runs until none is left; waits while other workers hold the runs it needs.
+
+    No run is started after `claim_until` (`time.monotonic()`): on a machine held for a fixed time, a worker
+    finishes the run in hand and stops, rather than being killed in a run whose progress would be lost."""
     trained: list[Run] = []
     while True:
-        ladder.store.refresh()
-        plans = [plan for stage in stages for plan in STAGES[stage](ladder)]
-        open_plans = [plan for plan in plans if ladder.store.get(plan.key) is None]
-        if not open_plans:
+        open_plans = open_runs(ladder, stages)
+        if not open_plans or time.monotonic() >= claim_until:
             return trained
         plan = next((p for p in open_plans if claim(ladder.store, p.key)), None)
         if plan is None:
@@ -445,5 +454,6 @@ __all__ = [
     "Rung",
     "ladder_arms",
     "open_ladder",
+    "open_runs",
     "run_stages",
 ]

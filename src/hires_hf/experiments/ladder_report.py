@@ -22,10 +22,20 @@ from ..tables import markdown_table
 from .harness import HIRES, Run, bracket_status
 from .ladder import FLOOR_NATS, STAGES, Ladder, _rates_around, ladder_arms, top_contenders
 
-COMMANDS = (
-    "hires-hf ladder --threads 1 &   # twice: two workers share the 2 cores (all stages, resumable)",
-    "hires-hf ladder --report",
-)
+COMMANDS = {  # how each device's ladder is run, and what one worker of its budget is
+    "cpu": (
+        "hires-hf ladder --threads 1 &   # twice: two workers share the 2 cores (all stages, resumable)",
+        "hires-hf ladder --report",
+    ),
+    "cuda": (
+        "PHASES=ladder OUT=runs/gpu scripts/gpu_session.sh   # workers share one H200, from the committed runs on",
+        "hires-hf ladder --device cuda --report   # on the GPU machine (its runs' data is that machine's corpus)",
+    ),
+}
+WORKER = {
+    "cpu": "a worker is one core, two share the machine",
+    "cuda": "a worker is one process, several share the GPU",
+}
 
 
 def rung_cells(ladder: Ladder, index: int) -> dict[str, dict[str, Any]]:
@@ -173,7 +183,8 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
         "floor": floor_points(ladder),
         "precision": precision_points(ladder),
         "budget": budget(ladder),
-        "commands": list(COMMANDS),
+        "device": ladder.device.type,
+        "commands": list(COMMANDS.get(ladder.device.type, ())),
     }
     for index, rung in enumerate(rungs):
         cells = rung_cells(ladder, index)
@@ -341,7 +352,7 @@ def plot_floor(floor: dict[str, Any], path: Path, shortest_run: float | None = N
     return save_figure(figure, path)
 
 
-def budget_table(account: dict[str, Any]) -> str:
+def budget_table(account: dict[str, Any], device: str) -> str:
     rows = [
         (
             name,
@@ -357,7 +368,7 @@ def budget_table(account: dict[str, Any]) -> str:
     hours = sum(cell["hours"] for cell in account["spent"].values())
     headers = ["stage", "runs done", "FLOPs done", "worker-hours", "runs next", "FLOPs next", "hours next"]
     intro = (
-        f"**Budget** ({hours:.1f} worker-hours so far; a worker is one core, two share the machine). Next = the runs"
+        f"**Budget** ({hours:.1f} worker-hours so far; {WORKER.get(device, 'one worker')}). Next = the runs"
         " planned as far as results so far decide, their hours at the speed measured at their width:"
     )
     return "\n".join([intro, "", *markdown_table(headers, rows, "lrrrrrr")])
@@ -409,7 +420,7 @@ def markdown(summary: dict[str, Any]) -> str:
     for name, gap in summary["top_pruned"].items():
         lines += [f"Not at the top rung: {name}, {gap:.3f} nats behind the best HiRes at the rung below.", ""]
     lines += ["![ladder](ladder.png)", ""]
-    lines += [budget_table(summary["budget"]), ""]
+    lines += [budget_table(summary["budget"], summary["device"]), ""]
     result = summary.get("fit")
     if result and result["multiplier"]:
         m = result["multiplier"]

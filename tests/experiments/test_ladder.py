@@ -263,6 +263,21 @@ def test_the_report_names_the_baseline_and_the_multiplier(fake_ladder, tmp_path)
     assert (tmp_path / "report" / "ladder.png").stat().st_size > 10_000
 
 
+def test_a_corpus_too_small_for_the_longest_run_is_refused_before_training(fake_ladder):
+    """No rung may repeat data: a worker on a machine with too few sources stops and says how much is missing."""
+    from hires_hf.errors import HiResUserError
+    from hires_hf.experiments.ladder import check_enough_data
+
+    ladder, trained = fake_ladder
+    check_enough_data(ladder)  # the smoke ladder's corpus holds its longest run
+    tokens = len(ladder.data.train) * ladder.data.context
+    per_token = Arm("control", "control").flops_per_token(Shape.parse("64x4", vocab_size=300), ladder.data)
+    ladder.settings = replace(ladder.settings, rungs=(*ladder.settings.rungs, ("64x4", 2 * tokens * per_token)))
+    with pytest.raises(HiResUserError, match=r"needs .*M: its runs would repeat data"):
+        check_enough_data(ladder)
+    assert not trained
+
+
 def test_a_gpu_ladders_report_says_how_it_was_run(fake_ladder, tmp_path):
     """A GPU ladder's runs are keyed apart from the CPU's, and its report gives the GPU's commands, not the CPU's."""
     import torch

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import HiResUserError
-from ..experiments.ladder import STAGES, LadderSettings, open_ladder, open_runs, run_stages
+from ..experiments.ladder import STAGES, LadderSettings, check_enough_data, open_ladder, open_runs, run_stages
 from ..training.loop import bf16_matmul_hardware
 from . import default, set_threads
 
@@ -47,6 +47,7 @@ def run_ladder(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     signal.signal(signal.SIGTERM, _exit_on_term)  # `kill`: leave the run's claim free for the next worker
     ladder = open_ladder(settings, args.out, cache_dir(), progress=not args.quiet)
+    check_enough_data(ladder)
     trained = run_stages(ladder, args.stages, progress=not args.quiet, claim_until=claim_until)
     left = len(open_runs(ladder, args.stages))
     state = f"stopped claiming after {args.claim_for:g} min, {left} runs still open" if left else "complete"

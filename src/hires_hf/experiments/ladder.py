@@ -225,6 +225,27 @@ class Ladder:
         return None if todo or not losses else losses
 
 
+def check_enough_data(ladder: Ladder) -> None:
+    """Refuse a corpus too small for the ladder's longest run: a run that wraps around its data would compare the
+    arms on repeated text, which the rungs were not sized for (a machine with few Python sources, say)."""
+    s, data = ladder.settings, ladder.data
+    steps, arm, rung = max(
+        (
+            (Budget(rung.flops, s.batch_size).steps(arm.flops_per_token(rung.shape, data), data.context), arm, rung)
+            for rung in ladder.rungs
+            for arm in ladder.arms
+        ),
+        key=lambda cell: cell[0],
+    )
+    available, needed = len(data.train) * data.context, steps * s.batch_size * data.context
+    if needed > available:
+        raise HiResUserError(
+            f"The ladder's corpus ({data.source!r}) has {available / 1e6:.1f}M training tokens, but its longest run "
+            f"({arm.name} at {rung.name}) needs {needed / 1e6:.1f}M: its runs would repeat data. Run it where the "
+            "corpus is larger (more Python packages installed) or with smaller rungs."
+        )
+
+
 def top_grid(carried: float) -> tuple[float, float, float]:
     """The top rung's starting grid: the rate carried over from the rung below and x sqrt(2) either side."""
     return tidy_rate(carried / SQRT2), carried, tidy_rate(carried * SQRT2)
@@ -452,6 +473,7 @@ __all__ = [
     "Ladder",
     "LadderSettings",
     "Rung",
+    "check_enough_data",
     "ladder_arms",
     "open_ladder",
     "open_runs",

@@ -73,7 +73,8 @@ if [[ " $PHASES " == *" ladder "* ]]; then
   first=$!
   # the others start once the first has prepared the data (it then holds a claim) or has nothing left to train
   until compgen -G "$WORK/ladder/runs/claims/*" >/dev/null || ! kill -0 "$first" 2>/dev/null; do sleep 2; done
-  for ((i = 1; i < ${LADDER_WORKERS:-6}; i++)); do ladder_worker "$i" "$(( seconds - (SECONDS - start) ))" & done
+  rest=$(( seconds - (SECONDS - start) ))  # (`timeout 0` would mean no limit at all)
+  for ((i = 1; i < ${LADDER_WORKERS:-6} && rest > ${LADDER_TAIL:-150}; i++)); do ladder_worker "$i" "$rest" & done
   wait
   tail -n 3 "$WORK"/ladder/worker*.log | tee "$OUT/ladder_log.txt"
   timeout 120 "$PY" "${report[@]}" 2>&1 | tee -a "$OUT/ladder_log.txt" | tail -40

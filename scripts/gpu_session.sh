@@ -55,29 +55,16 @@ if [[ " $PHASES " == *" stability "* ]]; then
   [ -d "$WORK/stability" ] && pack stability
 fi
 
-ladder_worker() {  # ladder_worker I SECONDS: one worker, its log under the ladder's folder
-  local minutes
-  minutes=$(awk -v s="$2" -v tail="${LADDER_TAIL:-150}" 'BEGIN { print (s - tail) / 60 }')
-  timeout "$2" "$PY" "${ladder[@]}" --claim-for "$minutes" >"$WORK/ladder/worker$1.log" 2>&1
-}
-
 if [[ " $PHASES " == *" ladder "* ]]; then
   mkdir -p "$WORK/ladder/runs"
   [ -z "${SMOKE:-}" ] && cp benchmarks/results/ladder_gpu/runs/*.json "$WORK/ladder/runs/" 2>/dev/null  # earlier sessions
-  ladder=(-m hires_hf.cli ladder --device "$DEVICE" --out "$WORK/ladder" --quiet --threads "${LADDER_THREADS:-2}")
+  ladder=(-m hires_hf.cli ladder --device "$DEVICE" --out "$WORK/ladder")
   [ -n "${SMOKE:-}" ] && ladder+=(--smoke)
-  report=("${ladder[@]}" --report)
-  ladder+=(--stages ${LADDER_STAGES:-grid top} ${LADDER_ARGS:-})
-  seconds="${LADDER_SECONDS:-480}" start=$SECONDS
-  ladder_worker 0 "$seconds" &
-  first=$!
-  # the others start once the first has prepared the data (it then holds a claim) or has nothing left to train
-  until compgen -G "$WORK/ladder/runs/claims/*" >/dev/null || ! kill -0 "$first" 2>/dev/null; do sleep 2; done
-  rest=$(( seconds - (SECONDS - start) ))  # (`timeout 0` would mean no limit at all)
-  for ((i = 1; i < ${LADDER_WORKERS:-6} && rest > ${LADDER_TAIL:-150}; i++)); do ladder_worker "$i" "$rest" & done
-  wait
-  tail -n 3 "$WORK"/ladder/worker*.log | tee "$OUT/ladder_log.txt"
-  timeout 120 "$PY" "${report[@]}" 2>&1 | tee -a "$OUT/ladder_log.txt" | tail -40
+  seconds="${LADDER_SECONDS:-480}"
+  minutes=$(awk -v s="$seconds" -v tail="${LADDER_TAIL:-150}" 'BEGIN { print (s - tail) / 60 }')
+  timeout "$seconds" "$PY" "${ladder[@]}" --stages ${LADDER_STAGES:-grid top} --workers "${LADDER_WORKERS:-6}" \
+    --claim-for "$minutes" --quiet ${LADDER_ARGS:-} 2>&1 | tee "$OUT/ladder_log.txt" | tail -5
+  timeout 120 "$PY" "${ladder[@]}" --report --quiet 2>&1 | tee -a "$OUT/ladder_log.txt" | tail -40
   rm -rf "$WORK/ladder/runs/checkpoints" "$WORK/ladder/runs/claims"
   pack ladder
 fi

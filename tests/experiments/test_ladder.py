@@ -188,6 +188,25 @@ def test_a_terminated_worker_leaves_its_run_free(tmp_path):
     assert not list(claims.iterdir())
 
 
+def test_workers_share_the_runs_and_train_each_once(tmp_path):
+    """`--workers 2`: the data prepared once, then two processes that between them train every planned run once."""
+    import subprocess
+    import sys
+
+    from hires_hf.experiments.ladder import open_runs
+
+    command = [sys.executable, "-m", "hires_hf.cli", "ladder", "--smoke", "--stages", "floor", "--workers", "2"]
+    env = {**os.environ, "HIRES_HF_CACHE": str(tmp_path)}
+    done = subprocess.run([*command, "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    finished = [line for line in done.stdout.splitlines() if line.startswith("Stages floor complete")]
+    assert len(finished) == 2  # one line from each worker
+    ladder = open_ladder(LadderSettings.smoke(), tmp_path, tmp_path / "data", progress=False)
+    assert not open_runs(ladder, ["floor"])
+    trained = sum(int(line.split("(")[1].split()[0]) for line in finished)
+    assert trained == len(list(ladder.store.runs())) > 0  # every stored run trained by exactly one worker
+
+
 def test_a_changed_default_is_a_new_cell_for_hires_and_not_for_the_control(monkeypatch, fake_ladder):
     """The key covers every resolved config field: the write multiplier's base width changes the HiRes key."""
     ladder, _ = fake_ladder
@@ -289,7 +308,7 @@ def test_a_gpu_ladders_report_says_how_it_was_run(fake_ladder, tmp_path):
     run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
     assert {run.key for run in ladder.store.runs()} > cpu_keys  # nothing of the CPU's reused
     text = write_report(ladder, tmp_path / "report")
-    assert "scripts/gpu_session.sh" in text and "--threads 1" not in text
+    assert "scripts/gpu_session.sh" in text and "--workers 2" not in text
     assert "several share the GPU" in text and summarize(ladder)["device"] == "cuda"
 
 

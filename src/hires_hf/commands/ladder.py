@@ -1,7 +1,7 @@
 """`hires-hf ladder`: the compute ladder (HiRes against the strongest vanilla over rungs of counted FLOPs).
 
-    hires-hf ladder --stages floor grid top --threads 1 &   # one worker; start a second one to share the work
-    hires-hf ladder --report                                 # table, fits, summary.json, plots
+    hires-hf ladder --workers 2      # two worker processes share the runs (all stages; stop and start at will)
+    hires-hf ladder --report         # table, fits, summary.json, plots
 
 The work is in `hires_hf.experiments.ladder`; results go to benchmarks/results/ladder/ in a checkout (--out).
 """
@@ -12,6 +12,8 @@ import argparse
 import math
 import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -41,6 +43,8 @@ def run_ladder(args: argparse.Namespace) -> int:
     unknown = [stage for stage in args.stages if stage not in STAGES]
     if unknown:
         raise HiResUserError(f"Unknown stage(s) {unknown}; choose from {', '.join(STAGES)}.")
+    if args.workers < 1:
+        raise HiResUserError(f"--workers {args.workers}: give at least 1 worker process.")
     claim_until = math.inf if args.claim_for is None else time.monotonic() + 60 * args.claim_for
     settings = settings_of(args)
     check_native_precision(settings, asked=args.precision)
@@ -48,11 +52,43 @@ def run_ladder(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_on_term)  # `kill`: leave the run's claim free for the next worker
     ladder = open_ladder(settings, args.out, cache_dir(), progress=not args.quiet)
     check_enough_data(ladder)
+    if args.workers > 1:
+        return run_workers(args, claim_until)
     trained = run_stages(ladder, args.stages, progress=not args.quiet, claim_until=claim_until)
     left = len(open_runs(ladder, args.stages))
     state = f"stopped claiming after {args.claim_for:g} min, {left} runs still open" if left else "complete"
     print(f"Stages {' '.join(args.stages)} {state} ({len(trained)} runs trained by this worker) in {args.out}.")
     return 0
+
+
+def run_workers(args: argparse.Namespace, claim_until: float) -> int:
+    """`--workers N`: N worker processes share the runs (the data is prepared once, by this process, before they
+    start); each prints a line per finished run. A `kill` of this process stops them all, their claims left free."""
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    minutes = None if math.isinf(claim_until) else max(0.0, (claim_until - time.monotonic()) / 60)
+    command = worker_command(args, threads, minutes)
+    workers = [subprocess.Popen(command) for _ in range(args.workers)]
+    try:
+        codes = [worker.wait() for worker in workers]
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.terminate()  # SIGTERM: the worker releases its claim; its run resumes from its checkpoint
+        for worker in workers:
+            worker.wait()
+    failed = [code for code in codes if code != 0]
+    print(f"{args.workers} workers done in {args.out}" + (f"; exit codes {codes}" if failed else "."))
+    return failed[0] if failed else 0
+
+
+def worker_command(args: argparse.Namespace, threads: int, claim_minutes: float | None) -> list[str]:
+    """The `hires-hf ladder` line of one of `--workers`' processes: these settings, one worker, no progress bar."""
+    command = [sys.executable, "-m", "hires_hf.cli", "ladder", "--stages", *args.stages, "--out", str(args.out)]
+    command += ["--threads", str(threads), "--quiet"] + (["--smoke"] if args.smoke else [])
+    for flag, value in (("--device", args.device), ("--precision", args.precision), ("--compile", args.compile)):
+        if value is not None:
+            command += [flag, value]
+    return command + ([] if claim_minutes is None else ["--claim-for", f"{claim_minutes:.4f}"])
 
 
 def check_native_precision(settings: LadderSettings, asked: str | None) -> None:
@@ -101,6 +137,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         metavar="MINUTES",
         help="start no run after this many minutes (a machine held for a fixed time: the run in hand finishes)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes that share the runs (default 1; threads split the CPU between them unless --threads)",
     )
     parser.add_argument("--threads", type=int, help="torch CPU threads (one per worker when two share 2 cores)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")

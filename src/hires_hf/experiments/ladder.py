@@ -418,7 +418,7 @@ def run_stages(
     ladder: Ladder,
     stages: Sequence[str],
     progress: bool = True,
-    poll_seconds: float = 30.0,
+    poll_seconds: float = 5.0,
     log: Callable[[str], None] = print,
     claim_until: float = math.inf,
 ) -> list[Run]:
@@ -433,7 +433,7 @@ def run_stages(
             return trained
         plan = next((p for p in open_plans if claim(ladder.store, p.key)), None)
         if plan is None:
-            time.sleep(poll_seconds)  # every open run is being trained by another worker
+            time.sleep(poll_seconds)  # every open run is held by another worker (a wait costs a re-plan: cheap)
             continue
         try:
             run = _train(ladder, plan, progress)

@@ -24,11 +24,11 @@ from .ladder import FLOOR_NATS, STAGES, Ladder, _rates_around, ladder_arms, top_
 
 COMMANDS = {  # how each device's ladder is run, and what one worker of its budget is
     "cpu": (
-        "hires-hf ladder --threads 1 &   # twice: two workers share the 2 cores (all stages, resumable)",
+        "hires-hf ladder --workers 2   # two single-threaded workers share the 2 cores (all stages, resumable)",
         "hires-hf ladder --report",
     ),
     "cuda": (
-        "PHASES=ladder OUT=runs/gpu scripts/gpu_session.sh   # workers share one H200, from the committed runs on",
+        "PHASES=ladder OUT=runs/gpu scripts/gpu_session.sh   # six workers share one H200, from the committed runs on",
         "hires-hf ladder --device cuda --report   # on the GPU machine (its runs' data is that machine's corpus)",
     ),
 }

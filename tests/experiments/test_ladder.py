@@ -170,21 +170,22 @@ def test_a_dead_workers_claim_is_taken_over(tmp_path):
     assert claim(store, "abc")
 
 
-def test_a_terminated_worker_leaves_its_run_free(tmp_path):
-    """`kill` (SIGTERM) while a run trains: the worker exits and the next worker is not kept waiting on a claim."""
+def test_a_terminated_ladder_leaves_its_runs_free(tmp_path):
+    """`kill` (SIGTERM) of `--workers 2` while runs train: it stops its workers, each releases its claim on the way
+    out, and the next worker is not kept waiting on a claim."""
     import signal
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "hires_hf.cli", "ladder", "--smoke", "--quiet", "--threads", "1"]
-    worker = subprocess.Popen([*command, "--out", str(tmp_path)], env={**os.environ, "HIRES_HF_CACHE": str(tmp_path)})
+    command = [sys.executable, "-m", "hires_hf.cli", "ladder", "--smoke", "--quiet", "--workers", "2"]
+    ladder = subprocess.Popen([*command, "--out", str(tmp_path)], env={**os.environ, "HIRES_HF_CACHE": str(tmp_path)})
     claims = tmp_path / "runs" / "claims"
     deadline = time.monotonic() + 300
     while not (claims.exists() and any(claims.iterdir())):
-        assert worker.poll() is None and time.monotonic() < deadline, "the worker never claimed a run"
+        assert ladder.poll() is None and time.monotonic() < deadline, "no worker ever claimed a run"
         time.sleep(0.05)
-    worker.send_signal(signal.SIGTERM)
-    assert worker.wait(timeout=60) == 128 + signal.SIGTERM
+    ladder.send_signal(signal.SIGTERM)
+    assert ladder.wait(timeout=60) == 128 + signal.SIGTERM
     assert not list(claims.iterdir())
 
 

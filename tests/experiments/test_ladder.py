@@ -170,15 +170,19 @@ def test_a_dead_workers_claim_is_taken_over(tmp_path):
     assert claim(store, "abc")
 
 
-def test_a_terminated_ladder_leaves_its_runs_free(tmp_path):
-    """`kill` (SIGTERM) of `--workers 2` while runs train: it stops its workers, each releases its claim on the way
-    out, and the next worker is not kept waiting on a claim."""
+def test_workers_stop_on_a_kill_and_resume_to_train_every_run_once(tmp_path):
+    """`--workers 2`: a `kill` (SIGTERM) while runs train stops both workers, each releasing its claim on the way
+    out; started again, the data prepared once, they train between them every planned run not stored yet, once."""
     import signal
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "hires_hf.cli", "ladder", "--smoke", "--quiet", "--workers", "2"]
-    ladder = subprocess.Popen([*command, "--out", str(tmp_path)], env={**os.environ, "HIRES_HF_CACHE": str(tmp_path)})
+    from hires_hf.experiments.ladder import open_runs
+
+    command = [sys.executable, "-m", "hires_hf.cli", "ladder", "--smoke", "--stages", "floor", "--workers", "2"]
+    command += ["--quiet", "--out", str(tmp_path)]
+    env = {**os.environ, "HIRES_HF_CACHE": str(tmp_path)}
+    ladder = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
     claims = tmp_path / "runs" / "claims"
     deadline = time.monotonic() + 300
     while not (claims.exists() and any(claims.iterdir())):
@@ -186,26 +190,17 @@ def test_a_terminated_ladder_leaves_its_runs_free(tmp_path):
         time.sleep(0.05)
     ladder.send_signal(signal.SIGTERM)
     assert ladder.wait(timeout=60) == 128 + signal.SIGTERM
-    assert not list(claims.iterdir())
+    assert not list(claims.iterdir())  # no worker keeps a claim (nor runs on) after the kill
 
-
-def test_workers_share_the_runs_and_train_each_once(tmp_path):
-    """`--workers 2`: the data prepared once, then two processes that between them train every planned run once."""
-    import subprocess
-    import sys
-
-    from hires_hf.experiments.ladder import open_runs
-
-    command = [sys.executable, "-m", "hires_hf.cli", "ladder", "--smoke", "--stages", "floor", "--workers", "2"]
-    env = {**os.environ, "HIRES_HF_CACHE": str(tmp_path)}
-    done = subprocess.run([*command, "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    stored_before = len(list(RunStore(tmp_path / "runs").runs()))
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     finished = [line for line in done.stdout.splitlines() if line.startswith("Stages floor complete")]
     assert len(finished) == 2  # one line from each worker
-    ladder = open_ladder(LadderSettings.smoke(), tmp_path, tmp_path / "data", progress=False)
-    assert not open_runs(ladder, ["floor"])
+    resumed = open_ladder(LadderSettings.smoke(), tmp_path, tmp_path / "data", progress=False)
+    assert not open_runs(resumed, ["floor"])
     trained = sum(int(line.split("(")[1].split()[0]) for line in finished)
-    assert trained == len(list(ladder.store.runs())) > 0  # every stored run trained by exactly one worker
+    assert stored_before + trained == len(list(resumed.store.runs()))  # every run trained by exactly one worker
 
 
 def test_a_changed_default_is_a_new_cell_for_hires_and_not_for_the_control(monkeypatch, fake_ladder):

@@ -121,7 +121,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "ladder",
         help="the compute ladder: HiRes vs the strongest vanilla over rungs of counted FLOPs",
-        description="Train the ladder's stages (resumable; start several workers to share them), or --report.",
+        description="Train the ladder's stages (resumable; --workers N processes share them), or --report.",
     )
     parser.add_argument("--stages", nargs="+", default=list(STAGES), help=f"of {', '.join(STAGES)} (default: all)")
     parser.add_argument("--report", action="store_true", help="write table, fits, summary.json and plots instead")

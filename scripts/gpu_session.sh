@@ -35,12 +35,17 @@ pack() {  # pack PHASE: its folder under $WORK as $OUT/PHASE.tar.gz (one file ba
   tar -czf "$OUT/$1.tar.gz" -C "$WORK" "$1" && echo "packed $OUT/$1.tar.gz"
 }
 
+status() {  # status CODE PHASE: how the phase's command ended, at the end of its log (124: its time ran out)
+  echo "$2 exited with $1" | tee -a "$OUT/$2_log.txt"
+}
+
 if [[ " $PHASES " == *" compare "* ]]; then
   cmp=(-m hires_hf.cli compare --model 512x16 --vocab-size 8192 --data python --max-chars "${MAX_CHARS:-80000000}"
        --context 1024 --batch-size 64 --budget-tokens "${CMP_TOKENS:-12e6}" --lrs 5e-4 1e-3 2e-3 --out "$WORK/compare")
   [ -n "${SMOKE:-}" ] && cmp=(-m hires_hf.cli compare --model tiny --smoke --out "$WORK/compare")
-  timeout "${CMP_SECONDS:-500}" "$PY" "${cmp[@]}" 2>&1 | tr '\r' '\n' | grep -v "it/s\|run/s" \
+  timeout -k 30 "${CMP_SECONDS:-500}" "$PY" "${cmp[@]}" 2>&1 | tr '\r' '\n' | grep -v "it/s\|run/s" \
     | tee "$OUT/compare_log.txt" | tail -12
+  status "${PIPESTATUS[0]}" compare
   rm -rf "$WORK/compare/hires" "$WORK/compare/control"  # the models stay on the machine; the numbers come back
   [ -d "$WORK/compare" ] && pack compare
 fi
@@ -50,22 +55,26 @@ if [[ " $PHASES " == *" stability "* ]]; then
   [ -n "${SMOKE:-}" ] && stab=(benchmarks/stability.py --smoke --out-dir "$WORK/stability")
   [ -n "${STAB_LRS:-}" ] && stab+=(--lrs $STAB_LRS)
   [ -n "${STAB_ARCHS:-}" ] && stab+=(--archs $STAB_ARCHS)
-  timeout "${STAB_SECONDS:-290}" "$PY" "${stab[@]}" --old-lrs 1e-3 2e-3 2>&1 | tr '\r' '\n' | grep -v "it/s" \
+  timeout -k 30 "${STAB_SECONDS:-290}" "$PY" "${stab[@]}" --old-lrs 1e-3 2e-3 2>&1 | tr '\r' '\n' | grep -v "it/s" \
     | tee "$OUT/stability_log.txt" | tail -25
+  status "${PIPESTATUS[0]}" stability
   [ -d "$WORK/stability" ] && pack stability
 fi
 
 if [[ " $PHASES " == *" ladder "* ]]; then
   mkdir -p "$WORK/ladder/runs"
   [ -z "${SMOKE:-}" ] && cp benchmarks/results/ladder_gpu/runs/*.json "$WORK/ladder/runs/" 2>/dev/null  # earlier sessions
-  ladder=(-m hires_hf.cli ladder --device "$DEVICE" --out "$WORK/ladder")
+  ladder=(-m hires_hf.cli ladder --device "$DEVICE" --out "$WORK/ladder" --quiet ${LADDER_ARGS:-})
   [ -n "${SMOKE:-}" ] && ladder+=(--smoke)
-  seconds="${LADDER_SECONDS:-480}"
+  seconds="${LADDER_SECONDS:-420}"  # whole seconds; with the start, the report and the packing, one 10-minute call
   minutes=$(awk -v s="$seconds" -v tail="${LADDER_TAIL:-150}" 'BEGIN { print (s - tail) / 60 }')
-  timeout "$seconds" "$PY" "${ladder[@]}" --stages ${LADDER_STAGES:-grid top} --workers "${LADDER_WORKERS:-6}" \
-    --claim-for "$minutes" --quiet ${LADDER_ARGS:-} 2>&1 | tee "$OUT/ladder_log.txt" | tail -5
-  timeout 120 "$PY" "${ladder[@]}" --report --quiet 2>&1 | tee -a "$OUT/ladder_log.txt" | tail -40
+  timeout -k 30 "$seconds" "$PY" "${ladder[@]}" --stages ${LADDER_STAGES:-grid top} \
+    --workers "${LADDER_WORKERS:-6}" --claim-for "$minutes" 2>&1 | tee "$OUT/ladder_log.txt" | tail -5
+  status "${PIPESTATUS[0]}" ladder
   rm -rf "$WORK/ladder/runs/checkpoints" "$WORK/ladder/runs/claims"
+  pack ladder  # the runs first: the report below may not get its time
+  timeout -k 10 "${REPORT_SECONDS:-90}" "$PY" "${ladder[@]}" --report 2>&1 | tee -a "$OUT/ladder_log.txt" | tail -40
+  status "${PIPESTATUS[0]}" ladder
   pack ladder
 fi
 echo "done"

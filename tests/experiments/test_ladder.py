@@ -7,6 +7,7 @@ twice, a dead worker's claim is taken over, and a changed default can never reus
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -92,7 +93,7 @@ def test_a_worker_on_a_held_machine_starts_no_run_after_its_time(fake_ladder, mo
 
     ladder, trained = fake_ladder
     clock = {"now": 0.0}
-    monkeypatch.setattr(ladder_module, "time", SimpleNamespace(monotonic=lambda: clock["now"], sleep=time.sleep))
+    monkeypatch.setattr(ladder_module, "time", SimpleNamespace(time=lambda: clock["now"], sleep=time.sleep))
     execute = ladder_module.execute
 
     def slow_execute(*args, **kwargs):
@@ -168,6 +169,9 @@ def test_a_dead_workers_claim_is_taken_over(tmp_path):
     assert int((tmp_path / "claims" / "abc").read_text().split()[0]) == os.getpid()
     (tmp_path / "claims" / "abc").write_text(f"{os.getpid()} another-boot")  # a live pid, but from before a reboot
     assert claim(store, "abc")
+    (tmp_path / "claims" / "abc").write_text("")  # an empty claim (written by no process this code runs)
+    assert claim(store, "abc")
+    assert [path.name for path in (tmp_path / "claims").iterdir()] == ["abc"]  # nothing staged is left behind
 
 
 def test_workers_stop_on_a_kill_and_resume_to_train_every_run_once(tmp_path):
@@ -188,9 +192,16 @@ def test_workers_stop_on_a_kill_and_resume_to_train_every_run_once(tmp_path):
     while not (claims.exists() and any(claims.iterdir())):
         assert ladder.poll() is None and time.monotonic() < deadline, "no worker ever claimed a run"
         time.sleep(0.05)
+    holders = []  # the workers' pids, from their claims (a claim may go as it is read: its run just ended)
+    for path in claims.iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            holders.append(int(path.read_text().split()[0]))
     ladder.send_signal(signal.SIGTERM)
     assert ladder.wait(timeout=60) == 128 + signal.SIGTERM
-    assert not list(claims.iterdir())  # no worker keeps a claim (nor runs on) after the kill
+    assert not list(claims.iterdir())  # every claim released on the way out
+    for pid in holders:  # and no worker runs on
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
     stored_before = len(list(RunStore(tmp_path / "runs").runs()))
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -288,7 +299,10 @@ def test_a_corpus_too_small_for_the_longest_run_is_refused_before_training(fake_
     tokens = len(ladder.data.train) * ladder.data.context
     per_token = Arm("control", "control").flops_per_token(Shape.parse("64x4", vocab_size=300), ladder.data)
     ladder.settings = replace(ladder.settings, rungs=(*ladder.settings.rungs, ("64x4", 2 * tokens * per_token)))
-    with pytest.raises(HiResUserError, match=r"needs .*M: its runs would repeat data"):
+    with pytest.raises(HiResUserError, match=r"at 64x4\) needs .*M: its runs would repeat data"):
+        check_enough_data(ladder)
+    ladder.settings = replace(LadderSettings.smoke(), floor_tokens=(4e3, 2 * tokens))  # the floor's seeds, too
+    with pytest.raises(HiResUserError, match=r"noise floor's longest seeds"):
         check_enough_data(ladder)
     assert not trained
 

@@ -45,7 +45,7 @@ def run_ladder(args: argparse.Namespace) -> int:
         raise HiResUserError(f"Unknown stage(s) {unknown}; choose from {', '.join(STAGES)}.")
     if args.workers < 1:
         raise HiResUserError(f"--workers {args.workers}: give at least 1 worker process.")
-    claim_until = math.inf if args.claim_for is None else time.monotonic() + 60 * args.claim_for
+    claim_until = claim_deadline(args)
     settings = settings_of(args)
     check_native_precision(settings, asked=args.precision)
     set_threads(args.threads)
@@ -56,20 +56,34 @@ def run_ladder(args: argparse.Namespace) -> int:
         return run_workers(args, claim_until)
     trained = run_stages(ladder, args.stages, progress=not args.quiet, claim_until=claim_until)
     left = len(open_runs(ladder, args.stages))
-    state = f"stopped claiming after {args.claim_for:g} min, {left} runs still open" if left else "complete"
+    state = "complete" if not left else f"{left} runs still open"
+    if left and not math.isinf(claim_until):
+        state = f"stopped claiming at {time.strftime('%H:%M:%S', time.localtime(claim_until))}, {state}"
     print(f"Stages {' '.join(args.stages)} {state} ({len(trained)} runs trained by this worker) in {args.out}.")
     return 0
+
+
+def claim_deadline(args: argparse.Namespace) -> float:
+    """When a worker starts its last run (`time.time()`): --claim-for minutes from now, or the --workers parent's
+    own deadline, passed down whole so that the workers' start-up does not move it."""
+    if args.claim_until is not None:
+        return args.claim_until
+    return math.inf if args.claim_for is None else time.time() + 60 * args.claim_for
 
 
 def run_workers(args: argparse.Namespace, claim_until: float) -> int:
     """`--workers N`: N worker processes share the runs (the data is prepared once, by this process, before they
     start); each prints a line per finished run. A `kill` of this process stops them all, their claims left free."""
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
-    minutes = None if math.isinf(claim_until) else max(0.0, (claim_until - time.monotonic()) / 60)
-    command = worker_command(args, threads, minutes)
-    workers = [subprocess.Popen(command) for _ in range(args.workers)]
+    if time.time() >= claim_until:
+        print(f"No workers started: --claim-for {args.claim_for:g} min had passed once the data was ready.")
+        return 0
+    threads = args.threads or max(1, len(os.sched_getaffinity(0)) // args.workers)
+    command = worker_command(args, threads, claim_until)
+    workers: list[subprocess.Popen] = []
     try:
-        codes = [worker.wait() for worker in workers]
+        for _ in range(args.workers):
+            workers.append(subprocess.Popen(command))
+        codes = [exit_code(worker.wait()) for worker in workers]
     finally:
         for worker in workers:
             if worker.poll() is None:
@@ -81,14 +95,19 @@ def run_workers(args: argparse.Namespace, claim_until: float) -> int:
     return failed[0] if failed else 0
 
 
-def worker_command(args: argparse.Namespace, threads: int, claim_minutes: float | None) -> list[str]:
+def exit_code(returncode: int) -> int:
+    """A worker's status as a shell reports it: killed by signal N is 128 + N (Popen says -N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def worker_command(args: argparse.Namespace, threads: int, claim_until: float) -> list[str]:
     """The `hires-hf ladder` line of one of `--workers`' processes: these settings, one worker, no progress bar."""
     command = [sys.executable, "-m", "hires_hf.cli", "ladder", "--stages", *args.stages, "--out", str(args.out)]
     command += ["--threads", str(threads), "--quiet"] + (["--smoke"] if args.smoke else [])
     for flag, value in (("--device", args.device), ("--precision", args.precision), ("--compile", args.compile)):
         if value is not None:
             command += [flag, value]
-    return command + ([] if claim_minutes is None else ["--claim-for", f"{claim_minutes:.4f}"])
+    return command + ([] if math.isinf(claim_until) else ["--claim-until", repr(claim_until)])
 
 
 def check_native_precision(settings: LadderSettings, asked: str | None) -> None:
@@ -105,7 +124,10 @@ def check_native_precision(settings: LadderSettings, asked: str | None) -> None:
 
 
 def _exit_on_term(signum: int, frame: object) -> None:
-    """SIGTERM as an exit, so that the claim is released on the way out (the run resumes from its checkpoint)."""
+    """SIGTERM as an exit, so that the claim is released on the way out (the run resumes from its checkpoint); a
+    second SIGTERM (`timeout` signals the whole process group, the --workers parent its workers) is ignored, so
+    that it cannot cut that way out short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 
@@ -138,6 +160,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         metavar="MINUTES",
         help="start no run after this many minutes (a machine held for a fixed time: the run in hand finishes)",
     )
+    parser.add_argument("--claim-until", type=float, help=argparse.SUPPRESS)  # --workers' deadline, time.time()
     parser.add_argument(
         "--workers",
         type=int,

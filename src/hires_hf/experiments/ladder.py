@@ -229,20 +229,19 @@ def check_enough_data(ladder: Ladder) -> None:
     """Refuse a corpus too small for the ladder's longest run: a run that wraps around its data would compare the
     arms on repeated text, which the rungs were not sized for (a machine with few Python sources, say)."""
     s, data = ladder.settings, ladder.data
-    steps, arm, rung = max(
-        (
-            (Budget(rung.flops, s.batch_size).steps(arm.flops_per_token(rung.shape, data), data.context), arm, rung)
-            for rung in ladder.rungs
-            for arm in ladder.arms
-        ),
-        key=lambda cell: cell[0],
-    )
-    available, needed = len(data.train) * data.context, steps * s.batch_size * data.context
-    if needed > available:
+    tokens = {"the noise floor's longest seeds": max(*s.floor_tokens, s.floor_grid_tokens)}
+    tokens["the precision check"] = s.precision_tokens
+    for rung in ladder.rungs:
+        for arm in ladder.arms:
+            steps = Budget(rung.flops, s.batch_size).steps(arm.flops_per_token(rung.shape, data), data.context)
+            tokens[f"{arm.name} at {rung.name}"] = steps * s.batch_size * data.context
+    longest = max(tokens, key=tokens.__getitem__)
+    available = len(data.train) * data.context
+    if tokens[longest] > available:
         raise HiResUserError(
-            f"The ladder's corpus ({data.source!r}) has {available / 1e6:.1f}M training tokens, but its longest run "
-            f"({arm.name} at {rung.name}) needs {needed / 1e6:.1f}M: its runs would repeat data. Run it where the "
-            "corpus is larger (more Python packages installed) or with smaller rungs."
+            f"The ladder's corpus ({data.source!r}) has {available / 1e6:.2f}M training tokens, but its longest run "
+            f"({longest}) needs {tokens[longest] / 1e6:.2f}M: its runs would repeat data. Run it where the corpus "
+            "is larger (more Python packages installed) or with shorter runs."
         )
 
 
@@ -370,15 +369,18 @@ def claim(store: RunStore, key: str) -> bool:
     """Take a run for this process: an exclusive claim file, or one left by a process that no longer runs."""
     path = store.folder / "claims" / key
     path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{key}.{os.getpid()}")
     for _ in range(2):
+        staged.write_text(f"{os.getpid()} {_boot_id()}", encoding="utf-8")
         try:
-            with open(path, "x", encoding="utf-8") as file:
-                file.write(f"{os.getpid()} {_boot_id()}")
+            os.link(staged, path)  # whole or not at all: a claim is never seen empty
             return True
         except FileExistsError:
             if _alive(path):
                 return False
             path.unlink(missing_ok=True)  # a killed worker's claim: take the run over (its checkpoint resumes)
+        finally:
+            staged.unlink(missing_ok=True)
     return False
 
 
@@ -395,7 +397,9 @@ def _alive(path: Path) -> bool:
         pid, _, boot = path.read_text(encoding="utf-8").partition(" ")
         if boot and boot.strip() != _boot_id():
             return False  # written before this machine last started (a claim without a boot id: the pid decides)
-        os.kill(int(pid or 0), 0)
+        if int(pid) <= 0:
+            return False  # no process of its own named (os.kill would test this process's group)
+        os.kill(int(pid), 0)
     except (ValueError, ProcessLookupError, FileNotFoundError):
         return False
     except PermissionError:
@@ -424,12 +428,13 @@ def run_stages(
 ) -> list[Run]:
     """Train the stages' planned runs until none is left; waits while other workers hold the runs it needs.
 
-    No run is started after `claim_until` (`time.monotonic()`): on a machine held for a fixed time, a worker
-    finishes the run in hand and stops, rather than being killed in a run whose progress would be lost."""
+    No run is started after `claim_until` (`time.time()`, one clock for every worker process): on a machine held
+    for a fixed time, a worker finishes the run in hand and stops, rather than being killed in a run whose
+    progress would be lost."""
     trained: list[Run] = []
     while True:
         open_plans = open_runs(ladder, stages)
-        if not open_plans or time.monotonic() >= claim_until:
+        if not open_plans or time.time() >= claim_until:
             return trained
         plan = next((p for p in open_plans if claim(ladder.store, p.key)), None)
         if plan is None:

@@ -5,12 +5,13 @@
 #   stability: the stability grid at d=512, L=16 (docs/stability.md), HiRes vs its twin over peak learning
 #              rates, and the old default (vanilla-scale embedding) at 1e-3 and 2e-3: does the stall reproduce?
 #   ladder:    the compute ladder on the GPU (`hires-hf ladder --device cuda`, LADDER_WORKERS processes sharing
-#              the GPU: its small models leave one process waiting on kernel launches), a cross-check of the CPU
-#              ladder. Resumable: it starts from the runs committed under benchmarks/results/ladder_gpu/runs, its
+#              the GPU: one process training a model this small should leave it waiting on kernel launches; not
+#              measured yet), a cross-check of the CPU ladder. Resumable: it starts from the runs committed under benchmarks/results/ladder_gpu/runs, its
 #              workers start no run in the last LADDER_TAIL seconds (a run cut off would be lost), and the report is
 #              written on the GPU machine (the runs' data is that machine's own Python sources).
-# Each phase's results come back as one archive ($OUT/<phase>.tar.gz) beside its log ($OUT/<phase>_log.txt): at
-# most 8 files come back from a GPU session. Unpack the ladder's into benchmarks/results/ladder_gpu and commit it.
+# Each phase's results are one archive ($OUT/<phase>.tar.gz) beside its log ($OUT/<phase>_log.txt), so that a
+# handful of files are copied back however many runs a phase trains. Unpack the ladder's into
+# benchmarks/results/ladder_gpu and commit it.
 # Usage: OUT=runs/gpu scripts/gpu_session.sh
 #   PHASES=stability|ladder runs one of them; STAB_STEPS, STAB_LRS, STAB_ARCHS, LADDER_STAGES, LADDER_WORKERS,
 #   LADDER_ARGS and MAX_CHARS shrink them to fit less GPU time; SMOKE=1 runs seconds-long versions (DEVICE=cpu:

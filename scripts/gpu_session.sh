@@ -6,9 +6,10 @@
 #              rates, and the old default (vanilla-scale embedding) at 1e-3 and 2e-3: does the stall reproduce?
 #   ladder:    the compute ladder on the GPU (`hires-hf ladder --device cuda`, LADDER_WORKERS processes sharing
 #              the GPU: one process training a model this small should leave it waiting on kernel launches; not
-#              measured yet), a cross-check of the CPU ladder. Resumable: it starts from the runs committed under benchmarks/results/ladder_gpu/runs, its
-#              workers start no run in the last LADDER_TAIL seconds (a run cut off would be lost), and the report is
-#              written on the GPU machine (the runs' data is that machine's own Python sources).
+#              measured yet), a cross-check of the CPU ladder. Resumable: it starts from the runs committed under
+#              benchmarks/results/ladder_gpu/runs, its workers start no run in the last LADDER_TAIL seconds (a run
+#              cut off would be lost), and the report is written on the GPU machine (the runs' data is that
+#              machine's own Python sources).
 # Each phase's results are one archive ($OUT/<phase>.tar.gz) beside its log ($OUT/<phase>_log.txt), so that a
 # handful of files are copied back however many runs a phase trains. Unpack the ladder's into
 # benchmarks/results/ladder_gpu and commit it.
@@ -47,7 +48,7 @@ if [[ " $PHASES " == *" compare "* ]]; then
   timeout -k 30 "${CMP_SECONDS:-500}" "$PY" "${cmp[@]}" 2>&1 | tr '\r' '\n' | grep -v "it/s\|run/s" \
     | tee "$OUT/compare_log.txt" | tail -12
   status "${PIPESTATUS[0]}" compare
-  rm -rf "$WORK/compare/hires" "$WORK/compare/control"  # the models stay on the machine; the numbers come back
+  rm -rf "$WORK/compare/hires" "$WORK/compare/control"  # the models stay on the machine; the numbers are packed
   [ -d "$WORK/compare" ] && pack compare
 fi
 

@@ -75,7 +75,7 @@ def run_workers(args: argparse.Namespace, claim_until: float) -> int:
     """`--workers N`: N worker processes share the runs (the data is prepared once, by this process, before they
     start); each prints a line per finished run. A `kill` of this process stops them all, their claims left free."""
     if time.time() >= claim_until:
-        print(f"No workers started: --claim-for {args.claim_for:g} min had passed once the data was ready.")
+        print("No workers started: the --claim-for time had passed once the data was ready.")
         return 0
     threads = args.threads or max(1, len(os.sched_getaffinity(0)) // args.workers)
     command = worker_command(args, threads, claim_until)

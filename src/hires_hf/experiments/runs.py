@@ -23,9 +23,10 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import platform
 import subprocess
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ import torch
 import transformers
 
 from ..io import write_json_atomic
+from ..training.bf16_emulation import NATIVE, bf16_kernels
+from ..training.loop import bf16_matmul_hardware
 
 PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -55,6 +58,7 @@ class Run:
     key: str = ""
     spec: dict[str, Any] = field(default_factory=dict)
     commit: str | None = None
+    machine: dict[str, Any] | None = None  # what it trained on (not in the key): stamped by `RunStore.put`
 
     @property
     def tokens(self) -> float:
@@ -108,6 +112,30 @@ def spec_key(spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def machine(spec: dict[str, Any]) -> dict[str, Any]:
+    """The processor a run of `spec` trained on and, for a bf16 run, its matrix products' kernels: not part of the
+    key (kernels that round alike make the same run), but a reader of its speed or its last digits wants to know."""
+    record: dict[str, Any] = {"cpu": cpu_name(), "cpu_bf16_matrix_units": bf16_matmul_hardware("cpu")}
+    device = spec.get("device", "cpu")
+    if device == "cuda" and torch.cuda.is_available():
+        record["gpu"] = torch.cuda.get_device_name()
+    if spec.get("recipe", {}).get("precision") == "bf16":
+        record["bf16_kernels"] = bf16_kernels() if device == "cpu" else NATIVE
+    return record
+
+
+@cache
+def cpu_name() -> str:
+    """The CPU's model name as Linux reports it (else what `platform` knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 @cache
 def git_commit() -> str | None:
     """The checkout's commit (with "-dirty" when files differ from it), or None outside a git checkout."""
@@ -143,6 +171,9 @@ class RunStore:
         return Run.from_json(json.loads(path.read_text(encoding="utf-8"))) if path else None
 
     def put(self, run: Run) -> Path:
+        """Store a finished run (stamped with the machine it trained on) and drop its checkpoint."""
+        if run.machine is None:
+            run = replace(run, machine=machine(run.spec))
         path = self.folder / f"{run.arm}-lr{run.lr:.4g}-s{run.seed}-{run.key}.json"
         write_json_atomic(path, run.to_json())
         self.checkpoint(run.key).unlink(missing_ok=True)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from hires_hf.commands.ladder import cache_dir
 from hires_hf.experiments.harness import execute
 from hires_hf.experiments.ladder import Ladder, LadderSettings, open_ladder, precision_stage, run_stages
 from hires_hf.experiments.runs import Run, RunStore
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             with emulated_bf16() if needs_emulation("cpu", "bf16") else nullcontext():
                 run_stages(ladder, ["floor", "precision"], progress=False, log=lambda line: None)
         else:
-            ladder = open_ladder(LadderSettings(), args.ladder)
+            ladder = open_ladder(LadderSettings(), args.ladder, cache_dir())  # the ladder's own prepared corpus
         pairs = retrain(ladder, RunStore(args.out / "runs"))
         summary = summarize(pairs, seed_runs(ladder))
     rung = ladder.rungs[ladder.settings.floor_rung]

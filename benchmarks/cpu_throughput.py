@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,8 +33,17 @@ from hires_hf.plotting import pyplot, save_figure
 from hires_hf.tables import markdown_table
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu_throughput"
-PRECISIONS = ("fp32", "fp32+compile", "bf16", "bf16+compile")
-COLOURS = {"fp32": "tab:gray", "fp32+compile": "tab:green", "bf16": "tab:blue", "bf16+compile": "tab:red"}
+# "bf16-emulated": bf16 autocast with fp32 kernels on bf16 operands (`hires_hf.training.bf16_emulation`: what the
+# ladder trains with on a CPU without bf16 matrix units)
+PRECISIONS = ("fp32", "fp32+compile", "bf16", "bf16+compile", "bf16-emulated", "bf16-emulated+compile")
+COLOURS = {
+    "fp32": "tab:gray",
+    "fp32+compile": "tab:green",
+    "bf16": "tab:blue",
+    "bf16+compile": "tab:red",
+    "bf16-emulated": "tab:purple",
+    "bf16-emulated+compile": "tab:pink",
+}
 
 
 def matmul_peak(threads: int, dtype: torch.dtype, largest: int = 4096, seconds: float = 3.0) -> float:
@@ -76,6 +86,7 @@ def measure(arm: str, width: int, precision: str, threads: int, steps: int, batc
     with compile, a second fresh model of the same shape is warmed up too (how much of the compile is reused)."""
     from hires_hf.accounting import train_flops_per_token
     from hires_hf.experiments.harness import CONTROL, HIRES, Arm, Shape
+    from hires_hf.training.bf16_emulation import emulated_bf16
     from hires_hf.training.loop import LoopSettings, autocast, build_optimizer
 
     torch.set_num_threads(threads)
@@ -97,10 +108,13 @@ def measure(arm: str, width: int, precision: str, threads: int, steps: int, batc
             step(forward, optimizer)
         return forward, optimizer, time.perf_counter() - start
 
+    kind = precision.removesuffix("+compile")
+
     def step(forward: Any, optimizer: Any) -> None:
-        with autocast(cpu, precision.removesuffix("+compile")):
-            loss = forward(input_ids=ids, labels=ids).loss
-        loss.backward()
+        with emulated_bf16() if kind == "bf16-emulated" else nullcontext():
+            with autocast(cpu, kind.removesuffix("-emulated")):
+                loss = forward(input_ids=ids, labels=ids).loss
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -203,7 +217,7 @@ def compile_lines(result: dict[str, Any]) -> list[str]:
     repays its compile (HiRes)."""
     lines = []
     for width, layout, cells in hires_cells(result):
-        for eager in ("fp32", "bf16"):
+        for eager in ("fp32", "bf16", "bf16-emulated"):
             if eager not in cells or f"{eager}+compile" not in cells:
                 continue
             compiled = cells[f"{eager}+compile"]
@@ -216,11 +230,13 @@ def compile_lines(result: dict[str, Any]) -> list[str]:
 
 
 def precision_lines(result: dict[str, Any]) -> list[str]:
-    """Per shape and layout: bf16 over fp32, eager (HiRes): whether the loop's "auto" precision is the faster one."""
+    """Per shape and layout: bf16 (and emulated bf16) over fp32, eager (HiRes): whether the loop's "auto" precision
+    is the faster one, and what the emulation costs."""
     return [
-        f"- {width}x8, {layout}: bf16 x{cells['bf16']['tflops'] / cells['fp32']['tflops']:.2f} the speed of fp32"
+        f"- {width}x8, {layout}: {kind} x{cells[kind]['tflops'] / cells['fp32']['tflops']:.2f} the speed of fp32"
         for width, layout, cells in hires_cells(result)
-        if "fp32" in cells and "bf16" in cells
+        for kind in ("bf16", "bf16-emulated")
+        if "fp32" in cells and kind in cells
     ]
 
 
@@ -257,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="timed optimizer steps per measurement")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS[:4]), choices=PRECISIONS)
     parser.add_argument("--smoke", action="store_true", help="tiny widths and batches, into a temporary folder")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--child", help=argparse.SUPPRESS)

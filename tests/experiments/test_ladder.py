@@ -247,16 +247,23 @@ def test_the_key_follows_recipe_data_precision_and_code(fake_ladder, monkeypatch
     assert plan_run(arm, 4e-3, shape, data, budget, precision="fp32", compile="off").key != base
 
 
-def test_the_ladder_is_bf16_on_any_cpu_and_a_worker_asks_before_emulating_it(fake_ladder, monkeypatch, capsys):
+@pytest.mark.parametrize("smoke_settings", [LadderSettings.smoke(precision="bf16")])
+def test_the_ladder_is_bf16_on_any_cpu_and_computes_it_with_fp32_kernels_where_bf16_would_be_emulated(
+    fake_ladder, monkeypatch, capsys
+):
     """Its stored runs are bf16, so they are found (and reported) on a CPU without bf16 matrix units too; a worker
-    there stops with the fix instead of training for hours at emulated speed, unless --precision was given."""
+    there says so, trains them with fp32 kernels on bf16 operands, and every run records which kernels made it."""
     from hires_hf.cli import main
-    from hires_hf.commands import ladder as command
-    from hires_hf.training import loop
+    from hires_hf.commands.ladder import EMULATION_NOTE
+    from hires_hf.training import bf16_emulation, loop
 
     ladder, _ = fake_ladder
+    run_stages(ladder, ["floor"], progress=False, log=lambda line: None)  # the fake's bf16 runs, native kernels
+    native = ladder.store.runs()
+    assert native and all(run.machine["bf16_kernels"] == bf16_emulation.NATIVE for run in native)
+
     monkeypatch.setattr(loop, "bf16_matmul_hardware", lambda device_type: False)
-    monkeypatch.setattr(command, "bf16_matmul_hardware", lambda device_type: False)
+    monkeypatch.setattr(bf16_emulation, "bf16_matmul_hardware", lambda device_type: False)
     plan = plan_run(
         Arm("control", "control"),
         4e-3,
@@ -268,10 +275,12 @@ def test_the_ladder_is_bf16_on_any_cpu_and_a_worker_asks_before_emulating_it(fak
     assert plan.spec["recipe"]["precision"] == "bf16"
 
     out = ladder.store.folder.parent / "cpu-without-bf16"
-    assert main(["ladder", "--quiet", "--out", str(out)]) == 2
-    assert "no bf16 matrix units" in capsys.readouterr().err and not out.exists()
-    command.check_native_precision(LadderSettings(), asked="bf16")  # asked for: trains here anyway
-    command.check_native_precision(LadderSettings.smoke(), asked=None)  # "auto": fp32 here, nothing to ask
+    assert main(["ladder", "--smoke", "--precision", "bf16", "--stages", "floor", "--out", str(out)]) == 0
+    assert EMULATION_NOTE in capsys.readouterr().err
+    emulated = RunStore(out / "runs").runs()
+    assert len(emulated) == len(native)
+    assert all(run.machine["bf16_kernels"] == bf16_emulation.EMULATED for run in emulated)
+    assert not bf16_emulation.emulating()  # left behind when the worker is done
 
 
 def test_the_report_names_the_baseline_and_the_multiplier(fake_ladder, tmp_path):

@@ -281,6 +281,8 @@ def test_the_ladder_is_bf16_on_any_cpu_and_computes_it_with_fp32_kernels_where_b
     assert len(emulated) == len(native)
     assert all(run.machine["bf16_kernels"] == bf16_emulation.EMULATED for run in emulated)
     assert not bf16_emulation.emulating()  # left behind when the worker is done
+    reported = summarize(open_ladder(LadderSettings.smoke(precision="bf16"), out, progress=False))["bf16_kernels"]
+    assert sorted(reported[bf16_emulation.EMULATED]) == sorted(run.key for run in emulated)
 
 
 def test_the_report_names_the_baseline_and_the_multiplier(fake_ladder, tmp_path):

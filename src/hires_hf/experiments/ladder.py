@@ -113,7 +113,7 @@ class LadderSettings:
     precision_tokens: float = 2e6  # bf16 against fp32 at the floor's shape: this long, these seeds
     precision_seeds: int = 2
     # bf16 wherever it trains: its stored runs are keyed by it, so a report on any machine finds them (a CPU
-    # without bf16 matrix units would emulate it: `hires-hf ladder` asks for --precision there)
+    # without bf16 matrix units computes it with fp32 kernels: `hires_hf.training.bf16_emulation`)
     precision: str = "bf16"
     compile: str = "auto"
     device: str = "cpu"

@@ -175,6 +175,20 @@ def budget(ladder: Ladder) -> dict[str, Any]:
     return {"spent": spent, "planned": planned}
 
 
+# Runs stored before runs recorded their machine: the workers then refused to train bf16 without bf16 matrix units.
+UNRECORDED = "not recorded (bf16 matrix units: before the emulation existed, workers refused to train without them)"
+
+
+def kernels(ladder: Ladder) -> dict[str, list[str]]:
+    """The keys of the ladder's bf16 runs by the kernels that computed them (`hires_hf.training.bf16_emulation`)."""
+    by_kernels: dict[str, list[str]] = {}
+    for run in ladder.store.runs():
+        if run.spec["recipe"]["precision"] == "bf16":
+            label = (run.machine or {}).get("bf16_kernels", UNRECORDED)
+            by_kernels.setdefault(label, []).append(run.key)
+    return by_kernels
+
+
 def summarize(ladder: Ladder) -> dict[str, Any]:
     """Everything `summary.json` holds: rungs, per-arm cells, baselines, fits, the multiplier and the floor."""
     rungs = ladder.rungs
@@ -183,6 +197,7 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
         "floor": floor_points(ladder),
         "precision": precision_points(ladder),
         "budget": budget(ladder),
+        "bf16_kernels": kernels(ladder),
         "device": ladder.device.type,
         "commands": list(COMMANDS.get(ladder.device.type, ())),
     }
@@ -421,6 +436,9 @@ def markdown(summary: dict[str, Any]) -> str:
         lines += [f"Not at the top rung: {name}, {gap:.3f} nats behind the best HiRes at the rung below.", ""]
     lines += ["![ladder](ladder.png)", ""]
     lines += [budget_table(summary["budget"], summary["device"]), ""]
+    if len(summary.get("bf16_kernels", {})) > 1:
+        counts = "; ".join(f"{len(keys)} on {label}" for label, keys in summary["bf16_kernels"].items())
+        lines += [f"bf16 runs by the kernels that computed them (`summary.json` lists their keys): {counts}.", ""]
     result = summary.get("fit")
     if result and result["multiplier"]:
         m = result["multiplier"]

@@ -70,15 +70,11 @@ def matmul_peak(threads: int, dtype: torch.dtype, largest: int = 4096, seconds: 
 
 def cpu_name() -> str:
     """The CPU's model name and whether it has bf16 matrix units (what decides the loop's "auto" precision)."""
+    from hires_hf.experiments.runs import cpu_name as model_name
     from hires_hf.training.loop import bf16_matmul_hardware
 
-    try:
-        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
-        name = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    except (OSError, StopIteration):
-        name = "unknown CPU"
     units = "bf16 matrix units (AMX or AVX512-BF16)" if bf16_matmul_hardware("cpu") else "no bf16 matrix units"
-    return f"{name}, {units}"
+    return f"{model_name()}, {units}"
 
 
 def measure(arm: str, width: int, precision: str, threads: int, steps: int, batch: int, context: int) -> dict:

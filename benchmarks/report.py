@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hires_hf.experiments.runs import cpu_name
 from hires_hf.io import write_json_atomic, write_text_atomic
 from hires_hf.plotting import pyplot
 from hires_hf.tables import markdown_table
@@ -50,7 +51,7 @@ def environment() -> dict[str, Any]:
     env = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "platform": platform.platform(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -64,16 +65,6 @@ def environment() -> dict[str, Any]:
         env["gpu"] = torch.cuda.get_device_name(0)
         env["cuda"] = torch.version.cuda
     return env
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _git(args: list[str]) -> str:

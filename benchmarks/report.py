@@ -1,7 +1,7 @@
 """Turn the saved measurements under `benchmarks/results/` into `benchmarks/RESULTS.md` and its figures.
 
 Nothing in RESULTS.md is typed by hand. `results/` holds one folder an experiment: the compute ladder
-(`ladder/ladder.md`, written by `hires-hf ladder report`), the design sweep (`sweep/<shape>/sweep.md`, which
+(`ladder/ladder.md`, written by `hires-hf ladder --report`), the design sweep (`sweep/<shape>/sweep.md`, which
 decided the defaults), `cost/cost.json` and `gpu/gpu.json` (written by `python -m benchmarks`), the stability
 grids, and every other
 experiment's markdown; `archive/` keeps superseded runs, listed at the end. Each section names the command,
@@ -365,7 +365,7 @@ def write_results(benchmarks_dir: Path = BENCHMARKS_DIR) -> Path:
     parts.append(
         fragment(ladder, results_dir)
         if ladder.is_file()
-        else "## Compute ladder\n\nNot reported yet: `hires-hf ladder run`, then `hires-hf ladder report`.\n"
+        else "## Compute ladder\n\nNot reported yet: `hires-hf ladder --workers 2`, then `hires-hf ladder --report`.\n"
     )
     sweeps = sorted((results_dir / "sweep").glob("*/sweep.md"))
     parts += [fragment(path, results_dir) for path in sweeps] or [

@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as scratch:
         if args.smoke:
-            ladder = open_ladder(LadderSettings.smoke(precision="bf16"), Path(scratch), progress=False)
+            smoke = LadderSettings.smoke(precision="bf16", floor_tokens=(4e3,))  # the floor: its rate alone
+            ladder = open_ladder(smoke, Path(scratch), progress=False)
             with emulated_bf16() if needs_emulation("cpu", "bf16") else nullcontext():
                 run_stages(ladder, ["floor", "precision"], progress=False, log=lambda line: None)
         else:

@@ -29,7 +29,7 @@ DEFAULT_OUT = Path("benchmarks/results/ladder")
 # there compute with fp32 kernels instead, with bf16's rounding (`hires_hf.training.bf16_emulation`).
 EMULATION_NOTE = (
     "This CPU has no bf16 matrix units (AMX or AVX512-BF16): the ladder's bf16 runs compute their matrix products and "
-    "attention with fp32 kernels on bf16 operands, rounded to bf16 (the same runs at fp32's speed; each records it)."
+    "attention with fp32 kernels on bf16 operands, rounded to bf16 (the same runs at 0.86x fp32's speed; each says so)."
 )
 
 

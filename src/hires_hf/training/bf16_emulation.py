@@ -1,4 +1,4 @@
-"""bf16 autocast on a CPU without bf16 matrix units, at fp32's speed and with bf16's rounding.
+"""bf16 autocast on a CPU without bf16 matrix units, near fp32's speed and with bf16's rounding.
 
 Under bf16 autocast a matrix product takes bf16 operands, accumulates in fp32 and rounds its result to bf16;
 attention does the same around its fp32 softmax. On a CPU without AMX or AVX512-BF16, oneDNN has no bf16 kernel

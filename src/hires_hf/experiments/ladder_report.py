@@ -166,23 +166,30 @@ def budget(ladder: Ladder) -> dict[str, Any]:
         if run.spec["recipe"]["precision"] == ladder.precision:
             by_width = speeds.setdefault(kernels_of(run), {})
             by_width.setdefault(run.spec["config"]["hidden_size"], []).append(flops / run.seconds)
+    medians = {
+        kind: {width: statistics.median(values) for width, values in by_width.items()}
+        for kind, by_width in speeds.items()
+    }
+    overall = {
+        kind: statistics.median([v for values in by_width.values() for v in values])
+        for kind, by_width in speeds.items()
+    }
     planned = {name: {"runs": 0, "flops": 0.0, "hours": dict.fromkeys(speeds, 0.0)} for name in STAGES}
     for name, stage in STAGES.items():
         for plan in stage(ladder):
             if ladder.store.get(plan.key) is None:
                 planned[name]["runs"] += 1
                 planned[name]["flops"] += plan.budget.flops
-                for kind, by_width in speeds.items():
-                    every = [speed for values in by_width.values() for speed in values]
-                    speed = statistics.median(by_width.get(plan.shape.hidden_size, every))
+                for kind, by_width in medians.items():
+                    speed = by_width.get(plan.shape.hidden_size, overall[kind])
                     planned[name]["hours"][kind] += plan.budget.flops / speed / 3600
     return {"spent": spent, "planned": planned}
 
 
-def kernels_of(run: Run) -> str:
-    """The kernels a run's bf16 matrix products ran on; native for fp32 runs and for bf16 runs stored before runs
-    recorded their machine (the workers then refused to train bf16 without bf16 matrix units)."""
-    return (run.machine or {}).get("bf16_kernels", NATIVE)
+def kernels_of(run: Run, unrecorded: str = NATIVE) -> str:
+    """The kernels a run's bf16 matrix products ran on; `unrecorded` for runs that do not say (fp32 runs, and bf16
+    runs stored before runs recorded their machine: the workers then refused to train bf16 without bf16 units)."""
+    return (run.machine or {}).get("bf16_kernels", unrecorded)
 
 
 # Runs stored before runs recorded their machine: the workers then refused to train bf16 without bf16 matrix units.
@@ -194,8 +201,7 @@ def kernels(ladder: Ladder) -> dict[str, list[str]]:
     by_kernels: dict[str, list[str]] = {}
     for run in ladder.store.runs():
         if run.spec["recipe"]["precision"] == "bf16":
-            label = (run.machine or {}).get("bf16_kernels", UNRECORDED)
-            by_kernels.setdefault(label, []).append(run.key)
+            by_kernels.setdefault(kernels_of(run, UNRECORDED), []).append(run.key)
     return by_kernels
 
 

@@ -109,6 +109,22 @@ def test_a_worker_on_a_held_machine_starts_no_run_after_its_time(fake_ladder, mo
     assert not open_runs(ladder, ["grid"]) and len({p.key for p in trained}) == len(first) + len(rest)
 
 
+def test_a_run_already_begun_is_finished_before_any_new_run_starts(fake_ladder):
+    """On cores where one run spans several sessions, a worker that started new runs first would leave every run
+    half done: a planned run with a stored checkpoint is claimed before any run in plan order."""
+    from hires_hf.experiments.ladder import open_runs
+
+    ladder, _ = fake_ladder
+    planned = open_runs(ladder, ["grid"])
+    begun = planned[-1]
+    checkpoint = ladder.store.checkpoint(begun.key)
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.write_bytes(b"")
+    reordered = open_runs(ladder, ["grid"])
+    assert reordered[0].key == begun.key
+    assert [p.key for p in reordered[1:]] == [p.key for p in planned[:-1]]  # the rest keeps its plan order
+
+
 def _floor_lengths_trained(ladder, trained) -> list[float]:
     s, control = ladder.settings, Arm("control", "control")
     rung = ladder.rungs[s.floor_rung]

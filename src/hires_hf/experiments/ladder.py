@@ -422,10 +422,13 @@ def release(store: RunStore, key: str) -> None:
 
 
 def open_runs(ladder: Ladder, stages: Sequence[str]) -> list[RunPlan]:
-    """The stages' runs planned so far (as far as the stored results decide) that are not in the store yet."""
+    """The stages' runs planned so far (as far as the stored results decide) that are not in the store yet: those
+    with a stored checkpoint first, then in plan order. On cores where a run spans several sessions, a run already
+    begun is finished before a new one starts, or every session would begin runs and end none."""
     ladder.store.refresh()
     plans = [plan for stage in stages for plan in STAGES[stage](ladder)]
-    return [plan for plan in plans if ladder.store.get(plan.key) is None]
+    todo = [plan for plan in plans if ladder.store.get(plan.key) is None]
+    return sorted(todo, key=lambda plan: not ladder.store.checkpoint(plan.key).exists())
 
 
 def run_stages(

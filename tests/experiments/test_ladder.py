@@ -8,6 +8,7 @@ twice, a dead worker's claim is taken over, and a changed default can never reus
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import time
@@ -424,3 +425,35 @@ def test_a_hires_variant_behind_by_more_than_the_noise_skips_the_top_rung(fake_l
     summary = summarize(ladder)
     assert summary["top_pruned"] == {"D=4d": pytest.approx(0.15)}
     assert "D=4d" in summary["rungs"][1]["arms"] and "D=4d" not in summary["rungs"][-1]["arms"]
+
+
+def test_another_environments_python_sources_are_refused_before_they_retire_every_stored_run(
+    fake_ladder, tmp_path, monkeypatch
+):
+    """The "python" corpus is read from site-packages: on a machine where one package has another version the
+    ladder's data (hence every run's key) differs, and a worker would silently retrain the whole ladder from
+    scratch. The ladder refuses, naming the package and the pins to install."""
+    from hires_hf.errors import HiResUserError
+    from hires_hf.experiments.ladder import CORPUS_RECORD, check_corpus_environment, record_corpus
+
+    ladder, _ = fake_ladder
+    folder = tmp_path / "ladder"
+    record_corpus(ladder, folder)  # the first preparation writes the record
+    record = json.loads((folder / CORPUS_RECORD).read_text())
+    assert record["data"] == ladder.data.spec
+    record_corpus(ladder, folder)  # the same data again: accepted
+
+    python = replace(ladder.settings, corpus="python")
+    record["data"]["source"] = "python"
+    (folder / CORPUS_RECORD).write_text(json.dumps(record))
+    check_corpus_environment(python, folder)  # this very interpreter: accepted
+    here = ladder_module.python_sources_environment()
+    moved = {**here, "packages": {**here["packages"], "numpy": "0.0.1"}}
+    monkeypatch.setattr(ladder_module, "python_sources_environment", lambda: moved)
+    with pytest.raises(HiResUserError, match=r"numpy 0\.0\.1 here, .* there.*corpus-requirements\.txt"):
+        check_corpus_environment(python, folder)
+
+    record["data"] = {**ladder.data.spec, "tokens_sha256": "0" * 64}  # same recipe, other tokens
+    (folder / CORPUS_RECORD).write_text(json.dumps(record))
+    with pytest.raises(HiResUserError, match="its source files changed"):
+        record_corpus(ladder, folder)

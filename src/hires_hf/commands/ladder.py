@@ -20,7 +20,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import HiResUserError
-from ..experiments.ladder import STAGES, LadderSettings, check_enough_data, open_ladder, open_runs, run_stages
+from ..experiments.ladder import (
+    STAGES,
+    LadderSettings,
+    check_corpus_environment,
+    check_enough_data,
+    open_ladder,
+    open_runs,
+    record_corpus,
+    run_stages,
+)
 from ..training.bf16_emulation import emulated_bf16, needs_emulation
 from . import default, set_threads
 
@@ -56,8 +65,10 @@ def run_ladder(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     set_threads(args.threads)
     signal.signal(signal.SIGTERM, _exit_on_term)  # `kill`: leave the run's claim free for the next worker
+    check_corpus_environment(settings, args.out)
     ladder = open_ladder(settings, args.out, cache_dir(), progress=not args.quiet)
     check_enough_data(ladder)
+    record_corpus(ladder, args.out)
     emulate = needs_emulation(settings.device, ladder.precision)
     if emulate and not args.quiet:
         print(EMULATION_NOTE, file=sys.stderr)
@@ -131,7 +142,9 @@ def _exit_on_term(signum: int, frame: object) -> None:
 def run_ladder_report(args: argparse.Namespace) -> int:
     from ..experiments.ladder_report import write_report
 
-    ladder = open_ladder(settings_of(args), args.out, cache_dir(), progress=not args.quiet)
+    settings = settings_of(args)
+    check_corpus_environment(settings, args.out)
+    ladder = open_ladder(settings, args.out, cache_dir(), progress=not args.quiet)
     print(write_report(ladder, args.out))
     return 0
 

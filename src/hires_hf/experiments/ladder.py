@@ -25,6 +25,7 @@ run is reused only when everything that made it is unchanged.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -37,6 +38,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import HiResUserError
+from ..io import write_json_atomic, write_text_atomic
+from ..training.data import python_sources_environment
 from ..training.loop import resolve_precision
 from .harness import (
     CONTROL,
@@ -244,6 +247,58 @@ def check_enough_data(ladder: Ladder) -> None:
             f"({longest}) needs {tokens[longest] / 1e6:.2f}M: its runs would repeat data. Run it where the corpus "
             "is larger (more Python packages installed) or with shorter runs."
         )
+
+
+CORPUS_RECORD = "corpus.json"  # beside runs/: the data the stored runs trained on, and what decided it
+CORPUS_REQUIREMENTS = "corpus-requirements.txt"
+_SIZES = ("train_blocks", "validation_blocks", "tokens_sha256")
+
+
+def check_corpus_environment(settings: LadderSettings, folder: Path) -> None:
+    """Refuse, before any data is prepared, an interpreter whose Python sources differ from those the ladder's
+    stored runs trained on: the "python" corpus is read from site-packages, so another package version is other
+    data, and every stored run would silently become a stale cell that the ladder trains again from scratch."""
+    record = _read_corpus_record(folder)
+    if record is None or settings.corpus != "python" or record["data"].get("source") != "python":
+        return
+    here, there = python_sources_environment(), record["environment"]
+    changes = [f"Python {here['python']} here, {there['python']} there"] if here["python"] != there["python"] else []
+    for name in sorted(set(here["packages"]) | set(there["packages"])):
+        mine, theirs = here["packages"].get(name), there["packages"].get(name)
+        if mine != theirs:
+            changes.append(f"{name} {mine or 'absent'} here, {theirs or 'absent'} there")
+    if changes:
+        shown = "; ".join(changes[:6]) + (f"; and {len(changes) - 6} more" if len(changes) > 6 else "")
+        raise HiResUserError(
+            f"This interpreter's Python sources (the ladder's corpus) differ from those its runs in {folder} "
+            f"trained on ({shown}): install theirs (`pip install --no-deps -r {folder / CORPUS_REQUIREMENTS}`, "
+            f"Python {there['python']}) or give --out a new folder."
+        )
+
+
+def record_corpus(ladder: Ladder, folder: Path) -> None:
+    """Write the ladder's corpus record (its data spec and what decided it) the first time its data is prepared;
+    later, refuse data of the same recipe whose tokens differ from the recorded ones (sources changed by hand)."""
+    spec, record = ladder.data.spec, _read_corpus_record(folder)
+    recipe = {key: value for key, value in spec.items() if key not in _SIZES}
+    if record is not None and {k: v for k, v in record["data"].items() if k not in _SIZES} == recipe:
+        if record["data"]["tokens_sha256"] != spec["tokens_sha256"]:
+            raise HiResUserError(
+                f"The ladder's corpus has other tokens than the one its runs in {folder} trained on (sha256 "
+                f"{spec['tokens_sha256'][:12]} here, {record['data']['tokens_sha256'][:12]} there) although its "
+                "recipe is the same: its source files changed. Restore them or give --out a new folder."
+            )
+        return
+    environment = python_sources_environment()
+    write_json_atomic(folder / CORPUS_RECORD, {"data": spec, "environment": environment})
+    if spec["source"] == "python":  # the packages to install where the corpus differs (`check_corpus_environment`)
+        pins = "".join(f"{name}=={version}\n" for name, version in environment["packages"].items())
+        write_text_atomic(folder / CORPUS_REQUIREMENTS, pins)
+
+
+def _read_corpus_record(folder: Path) -> dict[str, Any] | None:
+    path = Path(folder) / CORPUS_RECORD
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def top_grid(carried: float) -> tuple[float, float, float]:
@@ -491,9 +546,11 @@ __all__ = [
     "Ladder",
     "LadderSettings",
     "Rung",
+    "check_corpus_environment",
     "check_enough_data",
     "ladder_arms",
     "open_ladder",
     "open_runs",
+    "record_corpus",
     "run_stages",
 ]

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
+import re
 import sysconfig
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -84,9 +88,34 @@ def load_python_sources(validation_fraction: float = 0.01, max_chars: int | None
     sources = {name: path for name, path in stdlib_sources(stdlib_root()).items() if not is_held_out(name)}
     for root in _site_roots():
         for path in root.rglob("*.py"):
-            sources.setdefault(f"site:{path.relative_to(root).as_posix()}", path)
+            relative = path.relative_to(root)
+            if not _machine_specific(relative):
+                sources.setdefault(f"site:{relative.as_posix()}", path)
     named = _read_in_mixed_order(sources)
     return _ensure_both(_split(named, validation_fraction, max_chars), "this interpreter's Python sources")
+
+
+def _machine_specific(relative: Path) -> bool:
+    """Files of site-packages that are not a package's released source: an editable install's finder (it names
+    the checkout's folder) and this package itself (it changes with every commit). Either would make the corpus,
+    hence every stored run's key, depend on where and at which commit it was prepared."""
+    return relative.name.startswith("__editable__") or relative.parts[0] == "hires_hf"
+
+
+def python_sources_environment() -> dict[str, Any]:
+    """What decides the "python" corpus besides this package's code: the Python version and {distribution: version}
+    of every package in the interpreter's site-packages. Two machines that agree on it read the same sources."""
+    roots = [str(root) for root in _site_roots()]
+    packages = {}
+    for dist in metadata.distributions(path=roots):
+        name = dist.metadata["Name"]
+        if name and _canonical(name) != "hires-hf":
+            packages[_canonical(name)] = dist.version
+    return {"python": platform.python_version(), "packages": dict(sorted(packages.items()))}
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _read_in_mixed_order(sources: dict[str, Path]) -> Iterator[tuple[str, str]]:
@@ -274,4 +303,5 @@ __all__ = [
     "load_python_sources",
     "load_text_files",
     "pack",
+    "python_sources_environment",
 ]

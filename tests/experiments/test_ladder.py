@@ -457,3 +457,40 @@ def test_another_environments_python_sources_are_refused_before_they_retire_ever
     (folder / CORPUS_RECORD).write_text(json.dumps(record))
     with pytest.raises(HiResUserError, match="its source files changed"):
         record_corpus(ladder, folder)
+
+
+def test_the_report_shows_where_each_begun_run_stands(fake_ladder, tmp_path):
+    """A run that spans sessions is committed as a checkpoint: the report reads its step, last evaluation and hours
+    from the checkpoint's header and sets the rung's baseline beside it at the same share of the budget."""
+    import torch
+
+    from hires_hf.training.checkpoint import save_checkpoint
+
+    ladder, _ = fake_ladder
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    rung = ladder.rungs[0]
+    hires = next(run for run in ladder.store.runs() if run.arm == "hires" and run.spec["budget"]["flops"] == rung.flops)
+    next(ladder.store.folder.glob(f"*-{hires.key}.json")).unlink()  # hires at that rate is under way again
+    ladder.store.refresh()
+    plan = ladder.plan(ladder_arms_by_name(ladder)["hires"], rung, hires.lr)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    steps = plan.settings.steps
+    progress = {"step": steps, "curve": [[0, 6.0], [steps, 3.5]], "train_losses": [], "seconds": 5400.0}
+    save_checkpoint(ladder.store.checkpoint(plan.key), model, optimizer, scheduler, progress)
+    other = ladder.plan(ladder_arms_by_name(ladder)["control"], ladder.rungs[-1], 8e-3)
+    ladder.store.checkpoint(other.key).write_bytes(b"not a checkpoint")
+
+    summary = summarize(ladder)
+    rows = {row["key"]: row for row in summary["in_flight"]}
+    row = rows[plan.key]
+    assert (row["step"], row["last_eval"], row["hours"]) == (steps, [steps, 3.5], 1.5)
+    control = summary["rungs"][0]["arms"]["control"]["loss"]  # the baseline, its final evaluation at 100%
+    assert row["baseline_then"] == pytest.approx(control)
+    assert rows[other.key]["step"] is None  # an unreadable checkpoint is listed, without progress
+    assert "**In flight**" in write_report(ladder, tmp_path / "report")
+
+
+def ladder_arms_by_name(ladder) -> dict[str, Arm]:
+    return {arm.name: arm for arm in ladder.arms}

@@ -20,8 +20,9 @@ from ..io import write_json_atomic, write_text_atomic
 from ..plotting import ARM_COLOURS, Curve, draw_loss_vs_flops, pyplot, save_figure
 from ..tables import markdown_table
 from ..training.bf16_emulation import EMULATED, NATIVE
+from ..training.checkpoint import read_progress
 from .harness import HIRES, Run, bracket_status
-from .ladder import FLOOR_NATS, STAGES, Ladder, _rates_around, ladder_arms, top_contenders
+from .ladder import FLOOR_NATS, STAGES, Ladder, _rates_around, ladder_arms, open_runs, top_contenders
 
 COMMANDS = {  # how each device's ladder is run, and what one worker of its budget is
     "cpu": (
@@ -205,6 +206,46 @@ def kernels(ladder: Ladder) -> dict[str, list[str]]:
     return by_kernels
 
 
+def in_flight(ladder: Ladder, rungs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each planned run with a stored checkpoint: where it stands (step, last evaluation, training hours, read from
+    the checkpoint's header) and, at a rung, the rung's baseline at the same share of its budget (every run
+    evaluates at the same shares, so the two line up): an early read of a run that spans sessions, not a result."""
+    rows = []
+    for plan in open_runs(ladder, list(STAGES)):
+        path = ladder.store.checkpoint(plan.key)
+        if not path.exists():
+            continue
+        progress = read_progress(path)
+        row: dict[str, Any] = {
+            "shape": plan.shape.name,
+            "arm": plan.arm.name,
+            "lr": plan.settings.learning_rate,
+            "seed": plan.settings.seed,
+            "steps": plan.settings.steps,
+            "key": plan.key,
+            "step": None,
+            "last_eval": None,
+            "baseline_then": None,
+            "hours": None,
+        }
+        if progress is not None:
+            step, loss = progress["curve"][-1] if progress["curve"] else (0, None)
+            row.update(step=progress["step"], last_eval=[step, loss], hours=progress["seconds"] / 3600)
+            rung = next((r for r in rungs if r["shape"] == plan.shape.name and r["flops"] == plan.budget.flops), None)
+            if rung is not None and rung["baseline"] is not None:
+                row["baseline_then"] = _loss_at_share(
+                    rung["arms"][rung["baseline"]]["curve"], step / plan.settings.steps
+                )
+        rows.append(row)
+    return rows
+
+
+def _loss_at_share(curve: list[tuple[float, float]], share: float) -> float | None:
+    """A finished run's validation loss at `share` of its budget (its evaluation there), None between evaluations."""
+    total = curve[-1][0] if curve else 0.0
+    return next((loss for spent, loss in curve if total and math.isclose(spent / total, share, abs_tol=1e-3)), None)
+
+
 def summarize(ladder: Ladder) -> dict[str, Any]:
     """Everything `summary.json` holds: rungs, per-arm cells, baselines, fits, the multiplier and the floor."""
     rungs = ladder.rungs
@@ -239,6 +280,7 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
                 "baseline_share": shares,
             }
         )
+    summary["in_flight"] = in_flight(ladder, summary["rungs"])
     contenders = top_contenders(ladder)
     summary["top_pruned"] = contenders[1] if contenders else {}
     summary["fit"] = fit(summary)
@@ -455,6 +497,7 @@ def markdown(summary: dict[str, Any]) -> str:
             "",
         ]
     lines += [table(summary), ""]
+    lines += in_flight_table(summary["in_flight"])
     for name, gap in summary["top_pruned"].items():
         lines += [f"Not at the top rung: {name}, {gap:.3f} nats behind the best HiRes at the rung below.", ""]
     lines += ["![ladder](ladder.png)", ""]
@@ -476,10 +519,38 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def in_flight_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The runs under way (a stop leaves them as checkpoints), as markdown lines; none when nothing is."""
+    if not rows:
+        return []
+
+    def cell(row: dict[str, Any]) -> tuple[str, ...]:
+        step, loss = row["last_eval"] or (None, None)
+        then = row["baseline_then"]
+        return (
+            row["shape"],
+            row["arm"],
+            f"{row['lr']:.3g}",
+            str(row["seed"]),
+            "unreadable" if row["step"] is None else f"{row['step']:,} of {row['steps']:,}",
+            "-" if loss is None else f"{loss:.4f} at {step / row['steps']:.0%}",
+            "-" if then is None else f"{then:.4f}",
+            "-" if row["hours"] is None else f"{row['hours']:.2f}",
+        )
+
+    header = ["rung", "arm", "lr", "seed", "step", "last evaluation", "baseline then", "hours"]
+    return [
+        "**In flight** (runs with a checkpoint; *baseline then*: the rung's baseline at the same share of its budget):",
+        "",
+        *markdown_table(header, [cell(row) for row in rows], "lllrrrrr"),
+        "",
+    ]
+
+
 def write_report(ladder: Ladder, folder: Path) -> str:
     """summary.json, ladder.md and the figures under `folder`; returns the markdown."""
     summary = summarize(ladder)
-    if not any(rung["arms"] for rung in summary["rungs"]) and not summary["floor"]:
+    if not any(rung["arms"] for rung in summary["rungs"]) and not summary["floor"] and not summary["in_flight"]:
         raise HiResUserError(f"No ladder runs under {folder}: run `hires-hf ladder` first.")
     folder.mkdir(parents=True, exist_ok=True)
     write_json_atomic(folder / "summary.json", summary, default=str)

@@ -84,4 +84,16 @@ def load_checkpoint(
     return json.loads(metadata["progress"])
 
 
-__all__ = ["load_checkpoint", "save_checkpoint"]
+def read_progress(path: Path) -> dict[str, Any] | None:
+    """A checkpoint's saved progress (step, evaluations, training seconds) from its header alone, without reading
+    its tensors: where an unfinished run stands. None when the file is missing or unreadable."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return json.loads(handle.metadata()["progress"])
+    except (OSError, SafetensorError, KeyError, TypeError, ValueError):
+        return None
+
+
+__all__ = ["load_checkpoint", "read_progress", "save_checkpoint"]

@@ -494,3 +494,18 @@ def test_the_report_shows_where_each_begun_run_stands(fake_ladder, tmp_path):
 
 def ladder_arms_by_name(ladder) -> dict[str, Arm]:
     return {arm.name: arm for arm in ladder.arms}
+
+
+def test_an_arm_with_a_first_rung_centre_starts_its_grid_there(fake_ladder):
+    """A rate carried over from an earlier ladder saves the runs a far-off grid costs: that arm's first rung starts
+    at it, x2 either side, and is still bracketed on this ladder's own losses; the others keep the settings' grid."""
+    ladder, trained = fake_ladder
+    ladder.settings = replace(ladder.settings, first_rung_centres=(("hires", 1.6e-2),))
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    rung = ladder.rungs[0]
+
+    def rates(arm: str) -> list[float]:
+        return sorted(p.settings.learning_rate for p in trained if p.shape == rung.shape and p.arm.name == arm)
+
+    assert rates("hires") == [8e-3, 1.6e-2, 3.2e-2]  # its best (1.6e-2) inside at once: three runs
+    assert set(ladder.settings.rates) <= set(rates("control"))

@@ -109,6 +109,15 @@ class LadderSettings:
     eval_blocks: int = 256
     evaluations: int = 8
     rates: tuple[float, ...] = (4e-3, 8e-3, 1.6e-2)  # the first rung's grid: centred on the floor's best rate
+    # An arm's first-rung grid centred on its best rate in an earlier ladder instead (x2 either side, extended as
+    # ever): these are the bests of the first corpus's bracketed 64x12 runs (benchmarks/results/archive/
+    # ladder_first_corpus), a prior that saves the runs a far-off centre costs; the bracket is checked anew.
+    first_rung_centres: tuple[tuple[str, float], ...] = (
+        ("control", 3.2e-2),
+        ("plain-twin", 8e-3),
+        ("hires", 3.2e-2),
+        ("D=4d", 8e-3),
+    )
     top_seeds: int = 2
     floor_rung: int = 1  # index into rungs: the noise floor's shape
     floor_tokens: tuple[float, ...] = (1e6, 2e6, 4e6, 8e6, 16e6)
@@ -141,6 +150,7 @@ class LadderSettings:
             precision_tokens=4e3,
             precision="auto",
             compile="off",
+            first_rung_centres=(),
         )
         return cls(**{**fields, **overrides})
 
@@ -208,10 +218,14 @@ class Ladder:
         return [self.plan(arm, rung, lr, 0, flops) for lr in todo], losses
 
     def grid(self, arm: Arm, index: int) -> tuple[tuple[float, ...], float] | None:
-        """`arm`'s starting grid and step at rung `index`: the settings' rates at the first rung, then centred on
-        the arm's best rate at the rung below (x2 either side, x sqrt(2) at the top); None while that is open."""
+        """`arm`'s starting grid and step at rung `index`: at the first rung the settings' rates (or centred on the
+        arm's `first_rung_centres`), then centred on the arm's best rate at the rung below (x2 either side, x sqrt(2)
+        at the top); None while that is open."""
         if index == 0:
-            return tuple(self.settings.rates), 2.0
+            centre = dict(self.settings.first_rung_centres).get(arm.name)
+            if centre is None:
+                return tuple(self.settings.rates), 2.0
+            return (tidy_rate(centre / 2), centre, tidy_rate(centre * 2)), 2.0
         below = self.settled(arm, index - 1)
         if below is None:
             return None

@@ -67,6 +67,8 @@ if [[ " $PHASES " == *" ladder "* ]]; then
   mkdir -p "$WORK/ladder/runs"
   # the runs earlier sessions trained (and committed), so that this one goes on from them
   [ -z "${SMOKE:-}" ] && cp benchmarks/results/ladder_gpu/runs/*.json "$WORK/ladder/runs/" 2>/dev/null
+  # its corpus record: a GPU image whose packages moved is refused rather than starting the ladder over
+  [ -z "${SMOKE:-}" ] && cp benchmarks/results/ladder_gpu/corpus*.* "$WORK/ladder/" 2>/dev/null
   ladder=(-m hires_hf.cli ladder --device "$DEVICE" --out "$WORK/ladder" --quiet ${LADDER_ARGS:-})
   [ -n "${SMOKE:-}" ] && ladder+=(--smoke)
   seconds="${LADDER_SECONDS:-420}"  # whole seconds; with the start, the report and the packing, one 10-minute call

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 
 from ..errors import HiResUserError
 from ..io import write_json_atomic, write_text_atomic
+from ..training.checkpoint import read_progress
 from ..training.data import python_sources_environment
 from ..training.loop import resolve_precision
 from .harness import (
@@ -60,6 +61,7 @@ from .harness import (
     prepare_data,
     tidy_rate,
 )
+from .stalls import Stalled, StallWatch, stalled_run
 
 FLOOR_NATS = 0.02  # the seed spread (max - min) a verdict's runs must stay under
 SQRT2 = math.sqrt(2.0)
@@ -534,9 +536,40 @@ def run_stages(
 
 
 def _train(ladder: Ladder, plan: RunPlan, progress: bool) -> Run:
+    """Train a planned run (from its checkpoint, if it has one); a run that stalls is stored as it stands."""
     label = f"{plan.shape.name} {plan.arm.name} lr={plan.settings.learning_rate:.3g} s{plan.settings.seed}"
+    saved = read_progress(ladder.store.checkpoint(plan.key)) or {"curve": [], "seconds": 0.0}
+    watch = StallWatch(plan, ladder.data, baseline_curve(ladder, plan), saved["curve"])
+    start = time.perf_counter()
     with tqdm(total=plan.settings.steps, desc=label, disable=not progress, dynamic_ncols=True, mininterval=5) as bar:
-        return execute(plan, ladder.data, ladder.device, ladder.store, on_step=lambda _: bar.update(1))
+        try:
+            return execute(
+                plan, ladder.data, ladder.device, ladder.store, on_step=lambda _: bar.update(1), after_update=watch
+            )
+        except Stalled as stall:
+            run = stalled_run(plan, ladder.data, stall, saved["seconds"] + time.perf_counter() - start)
+            ladder.store.put(run)
+            return run
+
+
+def baseline_curve(ladder: Ladder, plan: RunPlan) -> list[tuple[float, float]]:
+    """The best finished vanilla run at `plan`'s rung as (share of its budget, validation loss): what `StallWatch`
+    holds a run against. Empty off the rungs (the floor, the precision check) and before a vanilla has finished."""
+    index = next(
+        (i for i, r in enumerate(ladder.rungs) if r.shape == plan.shape and r.flops == plan.budget.flops), None
+    )
+    if index is None:
+        return []
+    runs = []
+    for arm in ladder.arms:
+        grid = ladder.grid(arm, index) if arm.kind != HIRES else None
+        if grid is not None:
+            runs += ladder.stored(arm, ladder.rungs[index], _rates_around(*grid)).values()
+    finished = [run for run in runs if not run.diverged and run.stalled is None]
+    if not finished:
+        return []
+    best = min(finished, key=lambda run: run.final_loss)
+    return [(spent / best.curve[-1][0], loss) for spent, loss in best.curve]
 
 
 def open_ladder(settings: LadderSettings, folder: Path, cache_dir: Path | None = None, progress: bool = True) -> Ladder:

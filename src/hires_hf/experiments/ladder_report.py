@@ -281,6 +281,11 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
             }
         )
     summary["in_flight"] = in_flight(ladder, summary["rungs"])
+    summary["stalled"] = [
+        {"arm": run.arm, "lr": run.lr, "seed": run.seed, "loss": run.final_loss, "key": run.key, **run.stalled}
+        for run in ladder.store.runs()
+        if run.stalled is not None
+    ]
     contenders = top_contenders(ladder)
     summary["top_pruned"] = contenders[1] if contenders else {}
     summary["fit"] = fit(summary)
@@ -498,6 +503,13 @@ def markdown(summary: dict[str, Any]) -> str:
         ]
     lines += [table(summary), ""]
     lines += in_flight_table(summary["in_flight"])
+    for row in summary.get("stalled", []):
+        lines += [
+            f"Ended as stalled (`hires_hf.experiments.stalls`): {row['arm']} at lr {row['lr']:.3g}, "
+            f"seed {row['seed']}: {row['loss']:.4f} at step {row['step']:,} of {row['of']:,}, where the rung's "
+            f"baseline was at {row['baseline']:.4f}; its loss is an upper bound.",
+            "",
+        ]
     for name, gap in summary["top_pruned"].items():
         lines += [f"Not at the top rung: {name}, {gap:.3f} nats behind the best HiRes at the rung below.", ""]
     lines += ["![ladder](ladder.png)", ""]
@@ -550,7 +562,9 @@ def in_flight_table(rows: list[dict[str, Any]]) -> list[str]:
 def write_report(ladder: Ladder, folder: Path) -> str:
     """summary.json, ladder.md and the figures under `folder`; returns the markdown."""
     summary = summarize(ladder)
-    if not any(rung["arms"] for rung in summary["rungs"]) and not summary["floor"] and not summary["in_flight"]:
+    if not any(rung["arms"] for rung in summary["rungs"]) and not (
+        summary["floor"] or summary["in_flight"] or summary["stalled"]
+    ):
         raise HiResUserError(f"No ladder runs under {folder}: run `hires-hf ladder` first.")
     folder.mkdir(parents=True, exist_ok=True)
     write_json_atomic(folder / "summary.json", summary, default=str)

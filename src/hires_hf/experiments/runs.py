@@ -59,6 +59,7 @@ class Run:
     spec: dict[str, Any] = field(default_factory=dict)
     commit: str | None = None
     machine: dict[str, Any] | None = None  # what it trained on (not in the key): stamped by `RunStore.put`
+    stalled: dict[str, Any] | None = None  # ended early, stuck far above its rung's baseline (`experiments.stalls`)
 
     @property
     def tokens(self) -> float:

@@ -95,7 +95,11 @@ def test_a_worker_on_a_held_machine_starts_no_run_after_its_time(fake_ladder, mo
 
     ladder, trained = fake_ladder
     clock = {"now": 0.0}
-    monkeypatch.setattr(ladder_module, "time", SimpleNamespace(time=lambda: clock["now"], sleep=time.sleep))
+    monkeypatch.setattr(
+        ladder_module,
+        "time",
+        SimpleNamespace(time=lambda: clock["now"], sleep=time.sleep, perf_counter=time.perf_counter),
+    )
     execute = ladder_module.execute
 
     def slow_execute(*args, **kwargs):

@@ -23,6 +23,7 @@ from ..training.bf16_emulation import EMULATED, NATIVE
 from ..training.checkpoint import read_progress
 from .harness import HIRES, Run, bracket_status
 from .ladder import FLOOR_NATS, STAGES, Ladder, _rates_around, ladder_arms, open_runs, top_contenders
+from .stalls import baseline_at
 
 COMMANDS = {  # how each device's ladder is run, and what one worker of its budget is
     "cpu": (
@@ -233,17 +234,10 @@ def in_flight(ladder: Ladder, rungs: list[dict[str, Any]]) -> list[dict[str, Any
             row.update(step=progress["step"], last_eval=[step, loss], hours=progress["seconds"] / 3600)
             rung = next((r for r in rungs if r["shape"] == plan.shape.name and r["flops"] == plan.budget.flops), None)
             if rung is not None and rung["baseline"] is not None:
-                row["baseline_then"] = _loss_at_share(
-                    rung["arms"][rung["baseline"]]["curve"], step / plan.settings.steps
-                )
+                shares = [(spent / plan.budget.flops, loss) for spent, loss in rung["arms"][rung["baseline"]]["curve"]]
+                row["baseline_then"] = baseline_at(shares, step / plan.settings.steps)
         rows.append(row)
     return rows
-
-
-def _loss_at_share(curve: list[tuple[float, float]], share: float) -> float | None:
-    """A finished run's validation loss at `share` of its budget (its evaluation there), None between evaluations."""
-    total = curve[-1][0] if curve else 0.0
-    return next((loss for spent, loss in curve if total and math.isclose(spent / total, share, abs_tol=1e-3)), None)
 
 
 def summarize(ladder: Ladder) -> dict[str, Any]:

@@ -14,7 +14,6 @@ loss, an upper bound that is all a bracket needs from it. Nothing in the loop ch
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -81,9 +80,11 @@ def stalled(curve: Sequence[tuple[int, float]], steps: int, baseline: float) -> 
     return step / steps >= STALL_FROM and now - baseline > STALL_NATS and before - now < IMPROVING_NATS
 
 
-def baseline_at(curve: Sequence[tuple[float, float]], share: float) -> float | None:
-    """The baseline's loss at `share` of its budget: its evaluation there (every run evaluates at the same shares)."""
-    return next((loss for at, loss in curve if math.isclose(at, share, abs_tol=1e-3)), None)
+def baseline_at(curve: Sequence[tuple[float, float]], share: float, tolerance: float = 0.02) -> float | None:
+    """A run's loss at `share` of its budget, from its `curve` of (share, loss): its evaluation nearest to `share`
+    if within `tolerance` (every ladder run evaluates at the same shares, up to rounding to whole steps), else None."""
+    near = min(curve, key=lambda point: abs(point[0] - share), default=None)
+    return near[1] if near is not None and abs(near[0] - share) <= tolerance else None
 
 
 def stalled_run(plan: RunPlan, data: Data, stall: Stalled, seconds: float) -> Run:

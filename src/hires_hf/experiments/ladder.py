@@ -296,8 +296,7 @@ def record_corpus(ladder: Ladder, folder: Path) -> None:
     """Write the ladder's corpus record (its data spec and what decided it) the first time its data is prepared;
     later, refuse data of the same recipe whose tokens differ from the recorded ones (sources changed by hand)."""
     spec, record = ladder.data.spec, _read_corpus_record(folder)
-    recipe = {key: value for key, value in spec.items() if key not in _SIZES}
-    if record is not None and {k: v for k, v in record["data"].items() if k not in _SIZES} == recipe:
+    if record is not None and _recipe(record["data"]) == _recipe(spec):
         if record["data"]["tokens_sha256"] != spec["tokens_sha256"]:
             raise HiResUserError(
                 f"The ladder's corpus has other tokens than the one its runs in {folder} trained on (sha256 "
@@ -310,6 +309,11 @@ def record_corpus(ladder: Ladder, folder: Path) -> None:
     if spec["source"] == "python":  # the packages to install where the corpus differs (`check_corpus_environment`)
         pins = "".join(f"{name}=={version}\n" for name, version in environment["packages"].items())
         write_text_atomic(folder / CORPUS_REQUIREMENTS, pins)
+
+
+def _recipe(spec: dict[str, Any]) -> dict[str, Any]:
+    """What a data spec asks for, without what the text it was read from made of it (sizes, token hash)."""
+    return {key: value for key, value in spec.items() if key not in _SIZES}
 
 
 def _read_corpus_record(folder: Path) -> dict[str, Any] | None:

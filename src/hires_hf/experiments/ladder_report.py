@@ -234,7 +234,8 @@ def in_flight(ladder: Ladder, rungs: list[dict[str, Any]]) -> list[dict[str, Any
             row.update(step=progress["step"], last_eval=[step, loss], hours=progress["seconds"] / 3600)
             rung = next((r for r in rungs if r["shape"] == plan.shape.name and r["flops"] == plan.budget.flops), None)
             if rung is not None and rung["baseline"] is not None:
-                shares = [(spent / plan.budget.flops, loss) for spent, loss in rung["arms"][rung["baseline"]]["curve"]]
+                baseline = rung["arms"][rung["baseline"]]["curve"]
+                shares = [(spent / plan.budget.flops, value) for spent, value in baseline]
                 row["baseline_then"] = baseline_at(shares, step / plan.settings.steps)
         rows.append(row)
     return rows
@@ -497,7 +498,7 @@ def markdown(summary: dict[str, Any]) -> str:
         ]
     lines += [table(summary), ""]
     lines += in_flight_table(summary["in_flight"])
-    for row in summary.get("stalled", []):
+    for row in summary["stalled"]:
         lines += [
             f"Ended as stalled (`hires_hf.experiments.stalls`): {row['arm']} at lr {row['lr']:.3g}, "
             f"seed {row['seed']}: {row['loss']:.4f} at step {row['step']:,} of {row['of']:,}, where the rung's "

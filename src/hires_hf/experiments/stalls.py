@@ -15,7 +15,6 @@ loss, an upper bound that is all a bracket needs from it. Nothing in the loop ch
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import torch
 from torch import nn
@@ -93,7 +92,7 @@ def stalled_run(plan: RunPlan, data: Data, stall: Stalled, seconds: float) -> Ru
     tokens_per_step = plan.settings.batch_size * data.context
     curve = [(step * tokens_per_step * flops_per_token, loss) for step, loss in stall.curve]
     steps = stall.curve[-1][0]
-    run = Run(
+    return Run(
         plan.arm.name,
         plan.settings.learning_rate,
         plan.settings.seed,
@@ -107,8 +106,8 @@ def stalled_run(plan: RunPlan, data: Data, stall: Stalled, seconds: float) -> Ru
         key=plan.key,
         spec=plan.spec,
         commit=git_commit(),
+        stalled={"step": steps, "of": plan.settings.steps, "baseline": stall.baseline},
     )
-    return replace(run, stalled={"step": steps, "of": plan.settings.steps, "baseline": stall.baseline})
 
 
 __all__ = ["STALL_NATS", "StallWatch", "Stalled", "baseline_at", "stalled", "stalled_run"]

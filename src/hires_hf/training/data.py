@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import re
 import sysconfig
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from packaging.utils import canonicalize_name
 from torch.utils.data import Dataset
 
 from ..errors import HiResUserError
@@ -109,13 +109,9 @@ def python_sources_environment() -> dict[str, Any]:
     packages = {}
     for dist in metadata.distributions(path=roots):
         name = dist.metadata["Name"]
-        if name and _canonical(name) != "hires-hf":
-            packages[_canonical(name)] = dist.version
+        if name and canonicalize_name(name) != "hires-hf":
+            packages[canonicalize_name(name)] = dist.version
     return {"python": platform.python_version(), "packages": dict(sorted(packages.items()))}
-
-
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _read_in_mixed_order(sources: dict[str, Path]) -> Iterator[tuple[str, str]]:

@@ -1,8 +1,9 @@
 """The compute ladder and the run store under it: what a researcher resuming a days-long ladder relies on.
 
-Every stage is a plan over stored runs: brackets are extended until the best rate is inside, the top rung starts
-from the rate carried over, the second seeds go to the control and the best HiRes, a stopped ladder trains nothing
-twice, a dead worker's claim is taken over, and a changed default can never reuse a stored cell.
+Every stage is a plan over stored runs: brackets are extended until the best rate is inside, every arm gets a
+second seed at its best rate below the top, the top rung starts from the rate carried over and seeds the control
+and the best HiRes, a stopped ladder trains nothing twice, a dead worker's claim is taken over, and a changed
+default can never reuse a stored cell.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def test_every_stage_brackets_carries_over_and_seeds_the_two_that_matter(fake_la
             best = OPTIMA[arm][0]
             assert any(math.isclose(r, best) for r in rates), (arm, rates)
             assert rates[0] < best < rates[-1], (arm, rates)
+        seeded = {(p.arm.name, p.settings.learning_rate) for p in trained if p.shape == rung.shape and p.settings.seed}
+        assert seeded == {(arm, OPTIMA[arm][0]) for arm in ladder.settings.arms}  # a second seed at each best
     top = [p for p in trained if p.shape == rungs[-1].shape]
     for arm in ladder.settings.arms:
         best = OPTIMA[arm][0]  # the top starts at the carried-over rate and x sqrt(2) either side
@@ -166,7 +169,9 @@ def test_each_rung_grid_is_centred_on_the_best_rate_of_the_rung_below(fake_ladde
     middle = ladder.rungs[1].shape
     for arm in ladder.settings.arms:
         best = OPTIMA[arm][0]
-        rates = sorted(p.settings.learning_rate for p in trained if p.shape == middle and p.arm.name == arm)
+        rates = sorted(
+            p.settings.learning_rate for p in trained if p.shape == middle and p.arm.name == arm and not p.settings.seed
+        )
         assert rates == pytest.approx([best / 2, best, best * 2]), (arm, rates)  # bracketed in three runs
 
 
@@ -473,7 +478,11 @@ def test_the_report_shows_where_each_begun_run_stands(fake_ladder, tmp_path):
     ladder, _ = fake_ladder
     run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
     rung = ladder.rungs[0]
-    hires = next(run for run in ladder.store.runs() if run.arm == "hires" and run.spec["budget"]["flops"] == rung.flops)
+    hires = next(
+        run
+        for run in ladder.store.runs()
+        if run.arm == "hires" and run.seed == 0 and run.spec["budget"]["flops"] == rung.flops
+    )
     next(ladder.store.folder.glob(f"*-{hires.key}.json")).unlink()  # hires at that rate is under way again
     ladder.store.refresh()
     plan = ladder.plan(ladder_arms_by_name(ladder)["hires"], rung, hires.lr)
@@ -490,7 +499,7 @@ def test_the_report_shows_where_each_begun_run_stands(fake_ladder, tmp_path):
     rows = {row["key"]: row for row in summary["in_flight"]}
     row = rows[plan.key]
     assert (row["step"], row["last_eval"], row["hours"]) == (steps, [steps, 3.5], 1.5)
-    control = summary["rungs"][0]["arms"]["control"]["loss"]  # the baseline, its final evaluation at 100%
+    control = summary["rungs"][0]["arms"]["control"]["seed_losses"][0]  # the baseline's run: its end, at 100%
     assert row["baseline_then"] == pytest.approx(control)
     assert rows[other.key]["step"] is None  # an unreadable checkpoint is listed, without progress
     assert "**In flight**" in write_report(ladder, tmp_path / "report")
@@ -509,7 +518,11 @@ def test_an_arm_with_a_first_rung_centre_starts_its_grid_there(fake_ladder):
     rung = ladder.rungs[0]
 
     def rates(arm: str) -> list[float]:
-        return sorted(p.settings.learning_rate for p in trained if p.shape == rung.shape and p.arm.name == arm)
+        return sorted(
+            p.settings.learning_rate
+            for p in trained
+            if p.shape == rung.shape and p.arm.name == arm and not p.settings.seed
+        )
 
     assert rates("hires") == [8e-3, 1.6e-2, 3.2e-2]  # its best (1.6e-2) inside at once: three runs
     assert set(ladder.settings.rates) <= set(rates("control"))

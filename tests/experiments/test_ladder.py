@@ -341,6 +341,20 @@ def test_the_report_names_the_baseline_and_the_multiplier(fake_ladder, tmp_path)
     assert (tmp_path / "report" / "ladder.png").stat().st_size > 10_000
 
 
+def test_the_report_shows_each_rungs_rate_grid_with_its_best_and_its_seeds(fake_ladder, tmp_path):
+    """A reader checks a bracket by its losses: every rate an arm ran, the best marked, its other seeds beside it."""
+    ladder, _ = fake_ladder
+    ladder.seed_effect["nats"] = 0.02
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    text = write_report(ladder, tmp_path / "report")
+    cell = summarize(ladder)["rungs"][0]["arms"]["control"]
+    row = next(line for line in text.splitlines() if line.startswith("| control |"))  # the first rung's grid
+    assert all(f"{loss:.4f}" in row for loss in cell["grid"].values()) and len(cell["grid"]) >= 3
+    best, second = cell["seed_losses"]
+    assert f"**{best:.4f}** / {second:.4f}" in row and second == pytest.approx(best + 0.02)
+    assert (tmp_path / "report" / "rates.png").stat().st_size > 10_000
+
+
 def test_a_corpus_too_small_for_the_longest_run_is_refused_before_training(fake_ladder):
     """No rung may repeat data: a worker on a machine with too few sources stops and says how much is missing."""
     from hires_hf.errors import HiResUserError

@@ -4,7 +4,8 @@ Per rung and arm: the best rate (seed 0 over the bracketing grid), its bracket s
 over seeds where there are several) and the seed spread (max - min). The baseline at a rung is the better of the
 control and the plain twin there. Per arm, `L(C) = A * C^-alpha` is fitted to its best losses over the rungs
 (`hires_hf.eval.scaling`); the multiplier of the best HiRes over the baseline is read at the top rung's compute,
-with a residual-bootstrap CI. The noise floor is the spread of the control's seeds against run length.
+with a residual-bootstrap CI. The noise floor is the spread of the control's seeds against run length. Each
+rung's rate grids are a table and a figure (`rates.png`), so that every bracket can be checked by eye.
 """
 
 from __future__ import annotations
@@ -406,6 +407,73 @@ def plot(summary: dict[str, Any], path: Path) -> Path:
     return save_figure(figure, path)
 
 
+# How far above a rung's lowest loss the rate figure reaches; a diverged run above it sits on the edge, marked ^.
+RATE_PLOT_SPAN = 0.6
+
+
+def plot_rates(summary: dict[str, Any], path: Path) -> Path:
+    """Final loss against peak rate, one panel a rung: where each arm's best sits in its bracket (seed 0, dots)
+    and how far the other seeds at the best rate land from it (rings)."""
+    plt = pyplot()
+    rungs = [rung for rung in summary["rungs"] if rung["arms"]]
+    figure, axes = plt.subplots(1, len(rungs), figsize=(6.4 * len(rungs), 4.6), squeeze=False)
+    colours = plt.get_cmap("tab10")
+    for axis, rung in zip(axes[0], rungs, strict=True):
+        losses = [x for cell in rung["arms"].values() for x in [*cell["grid"].values(), *cell["seed_losses"]]]
+        low, top = min(losses), min(max(losses), min(losses) + RATE_PLOT_SPAN)
+        for i, (name, cell) in enumerate(sorted(rung["arms"].items())):
+            colour = ARM_COLOURS.get(name, colours(i % 10))
+            grid = sorted((float(lr), loss) for lr, loss in cell["grid"].items())
+            rates = [lr for lr, _ in grid]
+            axis.plot(rates, [min(loss, top) for _, loss in grid], "o-", color=colour, label=name)
+            for lr, loss in grid:
+                if loss > top:
+                    axis.plot(lr, top, "^", color=colour, markersize=9)
+                    axis.annotate(f"{loss:.2f}", (lr, top), textcoords="offset points", xytext=(-30, -4), fontsize=7)
+            others = cell["seed_losses"][1:]
+            axis.scatter([cell["best_lr"]] * len(others), others, s=40, facecolors="none", edgecolors=colour)
+        axis.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss (nats)")
+        ticks = sorted({float(lr) for cell in rung["arms"].values() for lr in cell["grid"]})
+        axis.set_xticks(ticks, [f"{lr:.3g}" for lr in ticks])
+        axis.minorticks_off()
+        axis.set_ylim(low - 0.02, top + 0.03)
+        axis.set_title(
+            f"{rung['shape']}, {rung['flops']:.3g} FLOPs a run: seed 0 (dots), more seeds (rings)", fontsize=9
+        )
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    return save_figure(figure, path)
+
+
+def _grid_entry(cell: dict[str, Any], lr: float) -> str:
+    """One arm's loss at `lr` in the rate table: blank off its grid, bold at its best, then its other seeds."""
+    grid = {float(rate): loss for rate, loss in cell["grid"].items()}
+    if lr not in grid:
+        return ""
+    if not math.isclose(lr, cell["best_lr"], rel_tol=1e-6):
+        return f"{grid[lr]:.4f}"
+    return f"**{grid[lr]:.4f}**" + "".join(f" / {loss:.4f}" for loss in cell["seed_losses"][1:])
+
+
+def rate_tables(summary: dict[str, Any]) -> list[str]:
+    """Per rung, every arm's final loss at each rate of its grid (seed 0), its best in bold followed by the other
+    seeds' losses there: the brackets behind the main table, as markdown lines."""
+    lines = []
+    for rung in summary["rungs"]:
+        if not rung["arms"]:
+            continue
+        rates = sorted({float(lr) for cell in rung["arms"].values() for lr in cell["grid"]})
+        rows = [(name, *(_grid_entry(cell, lr) for lr in rates)) for name, cell in rung["arms"].items()]
+        lines += [
+            f"**Rate grid at {rung['shape']}** (final loss at each peak rate, seed 0; the best in bold, then the other "
+            "seeds' losses at that rate):",
+            "",
+            *markdown_table(["arm", *(f"{lr:.3g}" for lr in rates)], rows, "l" + "r" * len(rates)),
+            "",
+        ]
+    return lines
+
+
 def plot_floor(floor: dict[str, Any], path: Path, shortest_run: float | None = None) -> Path:
     """Seed spread (max - min of the control's seeds) against training tokens, with the floor line and, where
     known, the shortest run of the ladder's rungs (every verdict run sits to its right)."""
@@ -497,6 +565,8 @@ def markdown(summary: dict[str, Any]) -> str:
             "",
         ]
     lines += [table(summary), ""]
+    if any(rung["arms"] for rung in summary["rungs"]):
+        lines += [*rate_tables(summary), "![final loss against rate](rates.png)", ""]
     lines += in_flight_table(summary["in_flight"])
     for row in summary["stalled"]:
         lines += [
@@ -568,6 +638,7 @@ def write_report(ladder: Ladder, folder: Path) -> str:
         plot_floor(summary["floor"], folder / "noise_floor.png", min(tokens, default=None))
     if any(rung["arms"] for rung in summary["rungs"]):
         plot(summary, folder / "ladder.png")
+        plot_rates(summary, folder / "rates.png")
     text = markdown(summary)
     write_text_atomic(folder / "ladder.md", text)
     return text

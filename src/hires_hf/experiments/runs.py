@@ -15,7 +15,9 @@ commit is recorded beside the spec (not in the key, so that a commit that touche
 store valid).
 
 `RunStore(folder)` keeps one JSON file per finished run (`<arm>-lr<lr>-s<seed>-<key>.json`, written whole) and,
-while a run trains, its checkpoint under `checkpoints/`: a stopped sweep or ladder picks up where it was.
+while a run trains, its checkpoint under `checkpoints/`: a stopped sweep or ladder picks up where it was. When a run
+is stored, the per-step training losses its last checkpoint carried are kept under `traces/` (`RunStore.trace`): eight
+evaluations cannot tell a loss spike from a plateau, a step-by-step trace can.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import transformers
 
 from ..io import write_json_atomic
 from ..training.bf16_emulation import NATIVE, bf16_kernels
+from ..training.checkpoint import read_progress
 from ..training.loop import bf16_matmul_hardware
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -172,11 +175,13 @@ class RunStore:
         return Run.from_json(json.loads(path.read_text(encoding="utf-8"))) if path else None
 
     def put(self, run: Run) -> Path:
-        """Store a finished run (stamped with the machine it trained on) and drop its checkpoint."""
+        """Store a finished run (stamped with the machine it trained on), keep its checkpoint's training losses and
+        drop the checkpoint."""
         if run.machine is None:
             run = replace(run, machine=machine(run.spec))
         path = self.folder / f"{run.arm}-lr{run.lr:.4g}-s{run.seed}-{run.key}.json"
         write_json_atomic(path, run.to_json())
+        self._keep_trace(run.key)
         self.checkpoint(run.key).unlink(missing_ok=True)
         self._index = None
         return path
@@ -187,6 +192,22 @@ class RunStore:
 
     def checkpoint(self, key: str) -> Path:
         return self.folder / "checkpoints" / f"{key}.safetensors"
+
+    def _keep_trace(self, key: str) -> None:
+        """The training loss of every step up to the run's last checkpoint (saved every few minutes, so all but the
+        run's last minutes), as `traces/<key>.json`; nothing for a run that never checkpointed."""
+        losses = (read_progress(self.checkpoint(key)) or {}).get("train_losses")
+        if losses:
+            trace = {"key": key, "first_step": int(losses[0][0]), "loss": [round(x, 4) for _, x in losses]}
+            write_json_atomic(self.folder / "traces" / f"{key}.json", trace, indent=None)
+
+    def trace(self, key: str) -> list[tuple[int, float]] | None:
+        """A stored run's training loss by step (as far as its last checkpoint), or None where none was kept."""
+        path = self.folder / "traces" / f"{key}.json"
+        if not path.is_file():
+            return None
+        trace = json.loads(path.read_text(encoding="utf-8"))
+        return [(trace["first_step"] + i, loss) for i, loss in enumerate(trace["loss"])]
 
 
 __all__ = ["Run", "RunStore", "code_fingerprint", "git_commit", "resolved_config", "spec_key"]

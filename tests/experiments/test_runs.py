@@ -1,0 +1,21 @@
+"""The run store keeps what a finished run's record cannot: its training loss step by step."""
+
+from __future__ import annotations
+
+import math
+
+from hires_hf.experiments.harness import execute
+from hires_hf.experiments.ladder import LadderSettings, ladder_arms, open_ladder
+
+
+def test_a_stored_run_keeps_its_training_loss_step_by_step_and_drops_its_checkpoint(tmp_path):
+    """Eight evaluations cannot tell a loss spike from a plateau: a finished run keeps, beside its record, the
+    training loss of every step its checkpoints saw."""
+    ladder = open_ladder(LadderSettings.smoke(), tmp_path, progress=False)
+    plan = ladder.plan(ladder_arms(["control"])[0], ladder.rungs[0], 4e-3)
+    assert ladder.store.trace(plan.key) is None
+    execute(plan, ladder.data, ladder.device, ladder.store, checkpoint_seconds=0)  # a checkpoint after every step
+    trace = ladder.store.trace(plan.key)
+    assert [step for step, _ in trace] == list(range(1, plan.settings.steps + 1))
+    assert all(math.isfinite(loss) for _, loss in trace) and trace[-1][1] < trace[0][1] - 0.5  # it learned
+    assert not ladder.store.checkpoint(plan.key).exists()

@@ -341,8 +341,9 @@ def test_the_report_names_the_baseline_and_the_multiplier(fake_ladder, tmp_path)
     assert (tmp_path / "report" / "ladder.png").stat().st_size > 10_000
 
 
-def test_the_report_shows_each_rungs_rate_grid_with_its_best_and_its_seeds(fake_ladder, tmp_path):
-    """A reader checks a bracket by its losses: every rate an arm ran, the best marked, its other seeds beside it."""
+def test_the_report_shows_each_rungs_rate_grid_its_seeds_and_their_training_loss(fake_ladder, tmp_path):
+    """A reader checks a bracket by its losses (every rate an arm ran, the best marked, its other seeds beside it)
+    and a run between its evaluations by its training loss, where the run kept a trace."""
     ladder, _ = fake_ladder
     ladder.seed_effect["nats"] = 0.02
     run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
@@ -353,6 +354,16 @@ def test_the_report_shows_each_rungs_rate_grid_with_its_best_and_its_seeds(fake_
     best, second = cell["seed_losses"]
     assert f"**{best:.4f}** / {second:.4f}" in row and second == pytest.approx(best + 0.02)
     assert (tmp_path / "report" / "rates.png").stat().st_size > 10_000
+    assert "traces.png" not in text  # no run kept a trace (none checkpointed)
+
+    keys = cell["keys"]  # both seeds of the control's best rate, as a checkpointed run leaves them
+    for key in keys:
+        trace = {"key": key, "first_step": 1, "loss": [8.0 / (1 + step / 10) for step in range(200)]}
+        (ladder.store.folder / "traces").mkdir(exist_ok=True)
+        (ladder.store.folder / "traces" / f"{key}.json").write_text(json.dumps(trace))
+    assert summarize(ladder)["traced"] == keys
+    assert "traces.png" in write_report(ladder, tmp_path / "report")
+    assert (tmp_path / "report" / "traces.png").stat().st_size > 10_000
 
 
 def test_a_corpus_too_small_for_the_longest_run_is_refused_before_training(fake_ladder):

@@ -63,6 +63,7 @@ def rung_cells(ladder: Ladder, index: int) -> dict[str, dict[str, Any]]:
             "loss": statistics.fmean(losses),
             "seeds": len(losses),
             "seed_losses": losses,
+            "keys": [r.key for r in seeds],
             "seed_spread": max(losses) - min(losses) if len(losses) > 1 else None,
             "tokens": best.tokens,
             "grid": {f"{lr:.4g}": r.final_loss for lr, r in sorted(runs.items())},
@@ -282,6 +283,8 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
         for run in ladder.store.runs()
         if run.stalled is not None
     ]
+    keys = [key for rung in summary["rungs"] for cell in rung["arms"].values() for key in cell["keys"]]
+    summary["traced"] = [key for key in keys if ladder.store.trace(key) is not None]
     contenders = top_contenders(ladder)
     summary["top_pruned"] = contenders[1] if contenders else {}
     summary["fit"] = fit(summary)
@@ -445,6 +448,54 @@ def plot_rates(summary: dict[str, Any], path: Path) -> Path:
     return save_figure(figure, path)
 
 
+def running_mean(values: list[float], window: int) -> list[float]:
+    """The mean of each value with the `window` - 1 before it (fewer at the start): per-batch noise smoothed."""
+    sums = [0.0]
+    for value in values:
+        sums.append(sums[-1] + value)
+    return [(sums[i + 1] - sums[max(0, i + 1 - window)]) / min(i + 1, window) for i in range(len(values))]
+
+
+def plot_traces(ladder: Ladder, summary: dict[str, Any], path: Path) -> Path:
+    """Training loss along every seed of each arm's best rate, one panel a rung (a running mean of 1% of the run):
+    what the eight evaluations cannot show, a spike or a plateau between two of them."""
+    plt = pyplot()
+    rungs = [
+        rung
+        for rung in summary["rungs"]
+        if set(summary["traced"]) & {k for c in rung["arms"].values() for k in c["keys"]}
+    ]
+    figure, axes = plt.subplots(1, len(rungs), figsize=(6.4 * len(rungs), 4.6), squeeze=False)
+    colours = plt.get_cmap("tab10")
+    for axis, rung in zip(axes[0], rungs, strict=True):
+        ends = []
+        for i, (name, cell) in enumerate(sorted(rung["arms"].items())):
+            for seed, key in enumerate(cell["keys"]):
+                trace = ladder.store.trace(key)
+                if trace is None:
+                    continue
+                flops = rung["flops"] / ladder.store.get(key).steps
+                smooth = running_mean([loss for _, loss in trace], max(1, len(trace) // 100))
+                label = f"{name} {cell['best_lr']:.3g}" + (f" s{seed}" if seed else "")
+                colour = ARM_COLOURS.get(name, colours(i % 10))
+                axis.plot(
+                    [step * flops for step, _ in trace],
+                    smooth,
+                    color=colour,
+                    label=label,
+                    linestyle="-" if seed == 0 else "--",
+                    linewidth=1,
+                )
+                ends.append(smooth[len(smooth) // 10])
+        axis.set(xscale="log", xlabel="counted training FLOPs", ylabel="training loss (running mean)")
+        if ends:
+            axis.set_ylim(top=max(ends))
+        axis.set_title(f"{rung['shape']}: every seed at each arm's best rate", fontsize=9)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    return save_figure(figure, path)
+
+
 def _grid_entry(cell: dict[str, Any], lr: float) -> str:
     """One arm's loss at `lr` in the rate table: blank off its grid, bold at its best, then its other seeds."""
     grid = {float(rate): loss for rate, loss in cell["grid"].items()}
@@ -567,6 +618,13 @@ def markdown(summary: dict[str, Any]) -> str:
     lines += [table(summary), ""]
     if any(rung["arms"] for rung in summary["rungs"]):
         lines += [*rate_tables(summary), "![final loss against rate](rates.png)", ""]
+    if summary["traced"]:
+        lines += [
+            "Training loss step by step (every seed at each arm's best rate, as far as each run's last checkpoint):",
+            "",
+            "![training loss along the best runs](traces.png)",
+            "",
+        ]
     lines += in_flight_table(summary["in_flight"])
     for row in summary["stalled"]:
         lines += [
@@ -639,6 +697,8 @@ def write_report(ladder: Ladder, folder: Path) -> str:
     if any(rung["arms"] for rung in summary["rungs"]):
         plot(summary, folder / "ladder.png")
         plot_rates(summary, folder / "rates.png")
+    if summary["traced"]:
+        plot_traces(ladder, summary, folder / "traces.png")
     text = markdown(summary)
     write_text_atomic(folder / "ladder.md", text)
     return text

@@ -5,7 +5,8 @@ over seeds where there are several) and the seed spread (max - min). The baselin
 control and the plain twin there. Per arm, `L(C) = A * C^-alpha` is fitted to its best losses over the rungs
 (`hires_hf.eval.scaling`); the multiplier of the best HiRes over the baseline is read at the top rung's compute,
 with a residual-bootstrap CI. The noise floor is the spread of the control's seeds against run length. Each
-rung's rate grids are a table and a figure (`rates.png`), so that every bracket can be checked by eye.
+rung's rate grids are a table and a figure (`rates.png`), so that every bracket can be checked by eye, and the
+training loss of the runs behind each best, step by step where they kept it, a figure (`traces.png`).
 """
 
 from __future__ import annotations
@@ -460,11 +461,8 @@ def plot_traces(ladder: Ladder, summary: dict[str, Any], path: Path) -> Path:
     """Training loss along every seed of each arm's best rate, one panel a rung (a running mean of 1% of the run):
     what the eight evaluations cannot show, a spike or a plateau between two of them."""
     plt = pyplot()
-    rungs = [
-        rung
-        for rung in summary["rungs"]
-        if set(summary["traced"]) & {k for c in rung["arms"].values() for k in c["keys"]}
-    ]
+    traced = set(summary["traced"])
+    rungs = [rung for rung in summary["rungs"] if any(k in traced for c in rung["arms"].values() for k in c["keys"])]
     figure, axes = plt.subplots(1, len(rungs), figsize=(6.4 * len(rungs), 4.6), squeeze=False)
     colours = plt.get_cmap("tab10")
     for axis, rung in zip(axes[0], rungs, strict=True):

@@ -484,8 +484,8 @@ def plot_traces(ladder: Ladder, summary: dict[str, Any], path: Path) -> Path:
                     linestyle="-" if seed == 0 else "--",
                     linewidth=1,
                 )
-                ends.append(smooth[len(smooth) // 10])
-        axis.set(xscale="log", xlabel="counted training FLOPs", ylabel="training loss (running mean)")
+                ends.append(smooth[len(smooth) // 5])
+        axis.set(xlabel="counted training FLOPs", ylabel="training loss (running mean)")
         if ends:
             axis.set_ylim(top=max(ends))
         axis.set_title(f"{rung['shape']}: every seed at each arm's best rate", fontsize=9)

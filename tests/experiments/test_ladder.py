@@ -484,7 +484,12 @@ def test_another_environments_python_sources_are_refused_before_they_retire_ever
     here = ladder_module.python_sources_environment()
     moved = {**here, "packages": {**here["packages"], "numpy": "0.0.1"}}
     monkeypatch.setattr(ladder_module, "python_sources_environment", lambda: moved)
-    with pytest.raises(HiResUserError, match=r"numpy 0\.0\.1 here, .* there.*corpus-requirements\.txt"):
+    with pytest.raises(HiResUserError, match=r"numpy 0\.0\.1 here, .* there.*corpus-requirements\.txt") as refused:
+        check_corpus_environment(python, folder)
+    assert "uninstall" not in str(refused.value)  # nothing here that the runs' machine lacked
+    extra = {**here, "packages": {**here["packages"], "a-package-they-lacked": "1.0"}}
+    monkeypatch.setattr(ladder_module, "python_sources_environment", lambda: extra)
+    with pytest.raises(HiResUserError, match=r"`pip uninstall -y a-package-they-lacked`"):
         check_corpus_environment(python, folder)
 
     record["data"] = {**ladder.data.spec, "tokens_sha256": "0" * 64}  # same recipe, other tokens

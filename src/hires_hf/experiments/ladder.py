@@ -288,10 +288,12 @@ def check_corpus_environment(settings: LadderSettings, folder: Path) -> None:
             changes.append(f"{name} {mine or 'absent'} here, {theirs or 'absent'} there")
     if changes:
         shown = "; ".join(changes[:6]) + (f"; and {len(changes) - 6} more" if len(changes) > 6 else "")
+        extra = sorted(set(here["packages"]) - set(there["packages"]))
+        remove = f" and remove what they lacked (`pip uninstall -y {' '.join(extra)}`)" if extra else ""
         raise HiResUserError(
             f"This interpreter's Python sources (the ladder's corpus) differ from those its runs in {folder} "
             f"trained on ({shown}): install theirs (`pip install --no-deps -r {folder / CORPUS_REQUIREMENTS}`, "
-            f"Python {there['python']}) or give --out a new folder."
+            f"Python {there['python']}){remove}, or give --out a new folder."
         )
 
 

@@ -498,6 +498,43 @@ def test_another_environments_python_sources_are_refused_before_they_retire_ever
         record_corpus(ladder, folder)
 
 
+def test_a_worker_on_a_machine_held_for_a_fixed_time_starts_only_the_runs_it_can_finish(fake_ladder):
+    """On a machine held for a session, a run that cannot end before the machine goes back loses its progress: a
+    worker skips it, judging its time from the speed stored runs measured on this machine at its width and from how
+    far its checkpoint already got, and still starts a run at a width not timed yet."""
+    import torch
+
+    from hires_hf.experiments.ladder import expected_seconds
+    from hires_hf.training.checkpoint import save_checkpoint
+
+    ladder, trained = fake_ladder
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)  # every fake run: 1 s, so 1 s a run
+    rung = ladder.rungs[0]
+    control = next(r for r in ladder.store.runs() if r.arm == "control" and r.spec["budget"]["flops"] == rung.flops)
+    next(ladder.store.folder.glob(f"*-{control.key}.json")).unlink()  # that run is open again
+    ladder.store.refresh()
+    plan = ladder.plan(ladder_arms_by_name(ladder)["control"], rung, control.lr, control.seed)
+    assert expected_seconds(ladder, plan) == pytest.approx(1.0)
+
+    trained.clear()
+    assert run_stages(ladder, ["grid"], progress=False, log=lambda line: None, claim_until=time.time() + 0.5) == []
+    assert trained == [] and ladder.store.get(plan.key) is None  # it would not have finished: not begun
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    steps = plan.settings.steps
+    progress = {"step": 3 * steps // 4, "curve": [], "train_losses": [], "seconds": 0.75}
+    save_checkpoint(ladder.store.checkpoint(plan.key), model, optimizer, scheduler, progress)
+    assert expected_seconds(ladder, plan) == pytest.approx(1 - (3 * steps // 4) / steps)  # what is left of it
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None, claim_until=time.time() + 0.5)
+    assert [p.key for p in trained] == [plan.key]  # three quarters done: the rest fits
+
+    for run in ladder.store.runs():  # no run has been timed on this machine: every run gets its chance
+        ladder.store.put(replace(run, machine={"cpu": "another machine"}))
+    assert expected_seconds(ladder, plan) is None
+
+
 def test_the_report_shows_where_each_begun_run_stands(fake_ladder, tmp_path):
     """A run that spans sessions is committed as a checkpoint: the report reads its step, last evaluation and hours
     from the checkpoint's header and sets the rung's baseline beside it at the same share of the budget."""

@@ -168,7 +168,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "--claim-for",
         type=float,
         metavar="MINUTES",
-        help="start no run after this many minutes (a machine held for a fixed time: the run in hand finishes)",
+        help="a machine held this many minutes: start only runs expected to finish in them (at the speed stored runs "
+        "measured here at their width), none after them; the run in hand finishes",
     )
     parser.add_argument("--claim-until", type=float, help=argparse.SUPPRESS)  # --workers' deadline, time.time()
     parser.add_argument(

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ from .harness import (
     prepare_data,
     tidy_rate,
 )
+from .runs import machine
 from .stalls import Stalled, StallWatch, stalled_run
 
 FLOOR_NATS = 0.02  # the seed spread (max - min) a verdict's runs must stay under
@@ -525,12 +527,12 @@ def run_stages(
 ) -> list[Run]:
     """Train the stages' planned runs until none is left; waits while other workers hold the runs it needs.
 
-    No run is started after `claim_until` (`time.time()`, one clock for every worker process): on a machine held
-    for a fixed time, a worker finishes the run in hand and stops, rather than being killed in a run whose
-    progress would be lost."""
+    On a machine held until `claim_until` (`time.time()`, one clock for every worker process) a worker starts only
+    runs expected to finish by then (`finishes_by`), and none after it: it finishes the run in hand and stops,
+    rather than being killed in a run whose progress would be lost."""
     trained: list[Run] = []
     while True:
-        open_plans = open_runs(ladder, stages)
+        open_plans = [plan for plan in open_runs(ladder, stages) if finishes_by(ladder, plan, claim_until)]
         if not open_plans or time.time() >= claim_until:
             return trained
         plan = next((p for p in open_plans if claim(ladder.store, p.key)), None)
@@ -546,6 +548,32 @@ def run_stages(
             f"{plan.shape.name} {run.arm} lr={run.lr:.3g} seed={run.seed} tokens={run.tokens / 1e6:.1f}M: "
             f"{run.final_loss:.4f} ({run.seconds / 60:.1f} min, {run.tokens_per_second:,.0f} tokens/s)"
         )
+
+
+def finishes_by(ladder: Ladder, plan: RunPlan, deadline: float) -> bool:
+    """Whether `plan` should end before `deadline` (`time.time()`) if started now; a run whose speed is not known
+    yet is given the chance."""
+    if math.isinf(deadline):
+        return True
+    seconds = expected_seconds(ladder, plan)
+    return seconds is None or time.time() + seconds <= deadline
+
+
+def expected_seconds(ladder: Ladder, plan: RunPlan) -> float | None:
+    """What is left of `plan` (past its checkpoint) at the median speed, in counted FLOPs a second, of the stored
+    runs that trained on this machine at its width; None before one has."""
+    here, width = machine(plan.spec), plan.shape.hidden_size
+    speeds = [
+        run.spec["budget"]["flops"] / run.seconds
+        for run in ladder.store.runs()
+        if run.machine == here and run.spec["config"]["hidden_size"] == width
+        if run.seconds > 0 and not run.diverged and run.stalled is None
+    ]
+    if not speeds:
+        return None
+    progress = read_progress(ladder.store.checkpoint(plan.key))
+    left = 1.0 - (progress["step"] / plan.settings.steps if progress else 0.0)
+    return left * plan.budget.flops / statistics.median(speeds)
 
 
 def _train(ladder: Ladder, plan: RunPlan, progress: bool) -> Run:
@@ -608,6 +636,8 @@ __all__ = [
     "Rung",
     "check_corpus_environment",
     "check_enough_data",
+    "expected_seconds",
+    "finishes_by",
     "ladder_arms",
     "open_ladder",
     "open_runs",

@@ -79,7 +79,7 @@ def run_ladder(args: argparse.Namespace) -> int:
     left = len(open_runs(ladder, args.stages))
     state = "complete" if not left else f"{left} runs still open"
     if left and not math.isinf(claim_until):
-        state = f"stopped claiming at {time.strftime('%H:%M:%S', time.localtime(claim_until))}, {state}"
+        state = f"{state}, none of them expected to finish by {time.strftime('%H:%M:%S', time.localtime(claim_until))}"
     print(f"Stages {' '.join(args.stages)} {state} ({len(trained)} runs trained by this worker) in {args.out}.")
     return 0
 

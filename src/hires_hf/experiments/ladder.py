@@ -532,8 +532,10 @@ def run_stages(
     rather than being killed in a run whose progress would be lost."""
     trained: list[Run] = []
     while True:
+        if time.time() >= claim_until:
+            return trained
         open_plans = [plan for plan in open_runs(ladder, stages) if finishes_by(ladder, plan, claim_until)]
-        if not open_plans or time.time() >= claim_until:
+        if not open_plans:
             return trained
         plan = next((p for p in open_plans if claim(ladder.store, p.key)), None)
         if plan is None:

@@ -535,6 +535,37 @@ def test_a_worker_on_a_machine_held_for_a_fixed_time_starts_only_the_runs_it_can
     assert expected_seconds(ladder, plan) is None
 
 
+def test_a_worker_says_which_run_it_takes_from_where_and_when_it_should_end(fake_ladder):
+    """A worker is silent for the hours a run takes: its log names each run as it takes it, the step a resumed run
+    goes on from, and, once runs at that width have been timed on this machine, when it should end."""
+    import torch
+
+    from hires_hf.training.checkpoint import save_checkpoint
+
+    ladder, _ = fake_ladder
+    lines: list[str] = []
+    run_stages(ladder, ["grid"], progress=False, log=lines.append)
+    assert len(lines) == 2 * len(ladder.store.runs())
+    starts, results = lines[0::2], lines[1::2]
+    assert all(" starting " in line for line in starts) and not any(" starting " in line for line in results)
+    assert "expected to end" not in starts[0] and "expected to end" in starts[-1]  # the first run timed the width
+
+    rung = ladder.rungs[0]
+    control = next(r for r in ladder.store.runs() if r.arm == "control" and r.spec["budget"]["flops"] == rung.flops)
+    next(ladder.store.folder.glob(f"*-{control.key}.json")).unlink()  # that run is open again, half done
+    ladder.store.refresh()
+    plan = ladder.plan(ladder_arms_by_name(ladder)["control"], rung, control.lr, control.seed)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    half = plan.settings.steps // 2
+    progress = {"step": half, "curve": [], "seconds": 0.0}
+    save_checkpoint(ladder.store.checkpoint(plan.key), model, optimizer, scheduler, progress)
+    lines.clear()
+    run_stages(ladder, ["grid"], progress=False, log=lines.append)
+    assert f"control lr={control.lr:.3g} seed={control.seed} from step {half:,} " in lines[0]
+
+
 def test_the_report_shows_where_each_begun_run_stands(fake_ladder, tmp_path):
     """A run that spans sessions is committed as a checkpoint: the report reads its step, last evaluation and hours
     from the checkpoint's header and sets the rung's baseline beside it at the same share of the budget."""

@@ -522,7 +522,7 @@ def run_stages(
     stages: Sequence[str],
     progress: bool = True,
     poll_seconds: float = 5.0,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] | None = None,
     claim_until: float = math.inf,
 ) -> list[Run]:
     """Train the stages' planned runs until none is left; waits while other workers hold the runs it needs.
@@ -530,6 +530,7 @@ def run_stages(
     On a machine held until `claim_until` (`time.time()`, one clock for every worker process) a worker starts only
     runs expected to finish by then (`finishes_by`), and none after it: it finishes the run in hand and stops,
     rather than being killed in a run whose progress would be lost."""
+    log = log or say
     trained: list[Run] = []
     while True:
         if time.time() >= claim_until:
@@ -541,15 +542,40 @@ def run_stages(
         if plan is None:
             time.sleep(poll_seconds)  # every open run is held by another worker (a wait costs a re-plan: cheap)
             continue
+        log(start_line(ladder, plan))
         try:
             run = _train(ladder, plan, progress)
         finally:
             release(ladder.store, plan.key)
         trained.append(run)
         log(
-            f"{plan.shape.name} {run.arm} lr={run.lr:.3g} seed={run.seed} tokens={run.tokens / 1e6:.1f}M: "
+            f"{clock()} {plan.shape.name} {run.arm} lr={run.lr:.3g} seed={run.seed} "
+            f"tokens={run.tokens / 1e6:.1f}M: "
             f"{run.final_loss:.4f} ({run.seconds / 60:.1f} min, {run.tokens_per_second:,.0f} tokens/s)"
         )
+
+
+def start_line(ladder: Ladder, plan: RunPlan) -> str:
+    """What a worker says as it takes a run: which, from where, and when it should end (a worker is otherwise silent
+    for the hours a run takes)."""
+    progress = read_progress(ladder.store.checkpoint(plan.key))
+    begun = f" from step {progress['step']:,}" if progress else ""
+    seconds = expected_seconds(ladder, plan)
+    ends = "" if seconds is None else f", expected to end at {clock(time.time() + seconds)}"
+    return (
+        f"{clock()} starting {plan.shape.name} {plan.arm.name} lr={plan.settings.learning_rate:.3g} "
+        f"seed={plan.settings.seed}{begun} ({plan.settings.steps:,} steps{ends})"
+    )
+
+
+def say(line: str) -> None:
+    """A worker's line, flushed: its output is a log file, read while it trains."""
+    print(line, flush=True)
+
+
+def clock(when: float | None = None) -> str:
+    """Hours and minutes, local time (now, or `when` as `time.time()`), for the lines a worker prints."""
+    return time.strftime("%H:%M", time.localtime(when))
 
 
 def finishes_by(ladder: Ladder, plan: RunPlan, deadline: float) -> bool:

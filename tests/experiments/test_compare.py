@@ -20,6 +20,7 @@ from hires_hf.experiments.harness import (
     Run,
     Shape,
     bracket_status,
+    pending_rates,
     prepare_data,
     sweep_rates,
 )
@@ -37,7 +38,7 @@ def _fake_run(lr: float, best: float) -> Run:
     [
         (4e-3, [2e-3, 4e-3, 8e-3], "bracketed"),
         (2e-2, [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2], "bracketed"),  # extended upwards until the best is inside
-        (1e-3, [5e-4, 1e-3, 2e-3, 4e-3, 8e-3], "bracketed"),  # and downwards
+        (1e-3, [5e-4, 1e-3, 2e-3, 4e-3], "bracketed"),  # and downwards (8e-3, past 4e-3's worse loss, is spared)
         (1.0, [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2], "high edge"),  # out of reach: flagged, not hidden
     ],
     ids=["inside", "above", "below", "unreachable"],
@@ -53,6 +54,20 @@ def test_the_grid_extends_until_the_best_rate_is_bracketed(best, tried, status):
     assert sorted(trained) == pytest.approx(tried)
     assert [run.lr for run in runs] == pytest.approx(tried)
     assert found == status == bracket_status({run.lr: run.final_loss for run in runs})
+
+
+@pytest.mark.parametrize(
+    ("losses", "todo"),
+    [
+        ({1.6e-2: 2.7, 3.2e-2: 4.3}, [8e-3]),  # HiRes past its rate's cliff: not 6.4e-2 but the low edge's extension
+        ({3.2e-2: 4.3, 6.4e-2: 3.1}, [0.128]),  # and the other way round: not 1.6e-2
+        ({3.2e-2: 4.3}, [1.6e-2, 6.4e-2]),  # one run closes no side: either neighbour may be the best
+        ({1.6e-2: 2.8, 6.4e-2: 2.9}, [3.2e-2]),  # the rate between two tried ones may be the best
+    ],
+)
+def test_a_grid_rate_past_a_side_the_tried_rates_already_close_is_not_trained(losses, todo):
+    """A ladder's run costs hours: a grid rate that the rate curve's one minimum rules out is spared."""
+    assert pending_rates([1.6e-2, 3.2e-2, 6.4e-2], losses, step=2.0) == pytest.approx(todo)
 
 
 def test_every_arm_gets_the_same_counted_flops_hires_in_fewer_steps():

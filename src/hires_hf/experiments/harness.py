@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -432,14 +432,30 @@ def next_rate(losses: dict[float, float], step: float = LR_STEP) -> float | None
 def pending_rates(
     rates: Sequence[float], losses: dict[float, float], step: float = LR_STEP, max_extensions: int = MAX_EXTENSIONS
 ) -> list[float]:
-    """The rates still to train so that the best of `losses` is bracketed: the grid's missing ones, else the next
-    extension (x `step` past the edge the best sits at), else none (bracketed, or `max_extensions` spent)."""
-    missing = [lr for lr in rates if not any(math.isclose(lr, done, rel_tol=1e-9) for done in losses)]
+    """The rates still to train so that the best of `losses` is bracketed: the grid's missing ones that could still
+    be the best (`past_a_closed_side`), else the next extension (x `step` past the edge the best sits at), else none
+    (bracketed, or `max_extensions` spent)."""
+    missing = [lr for lr in rates if not _tried(lr, losses) and not past_a_closed_side(lr, losses)]
     if missing:
         return missing
-    extensions = len(losses) - len(rates)
+    extensions = sum(not _tried(lr, rates) for lr in losses)
     rate = next_rate(losses, step) if extensions < max_extensions else None
     return [] if rate is None else [rate]
+
+
+def past_a_closed_side(rate: float, losses: dict[float, float]) -> bool:
+    """Whether a tried rate between the best of `losses` and `rate` is already worse than the best: a rate curve has
+    one minimum, so `rate` cannot be the best and training it would only cost a run (a grid centred on a rate that
+    stalled at the next rung would otherwise train the rate above it, which is worse still)."""
+    if not losses:
+        return False
+    best = min(losses, key=losses.__getitem__)
+    low, high = sorted((best, rate))
+    return any(low < lr < high and loss > losses[best] for lr, loss in losses.items())
+
+
+def _tried(rate: float, rates: Iterable[float]) -> bool:
+    return any(math.isclose(rate, done, rel_tol=1e-9) for done in rates)
 
 
 def sweep_rates(
@@ -449,12 +465,12 @@ def sweep_rates(
     max_extensions: int = MAX_EXTENSIONS,
     step: float = LR_STEP,
 ) -> tuple[list[Run], str]:
-    """Train at each of `rates` (skipping those in `done`), then extend by x `step` until the best is bracketed
-    or `max_extensions` more rates were tried; returns every run and the final bracket status."""
+    """Train at `rates` in order (skipping those in `done`, and those past a side already closed), then extend by
+    x `step` until the best is bracketed or `max_extensions` more rates were tried; returns every run and the final
+    bracket status."""
     runs = {run.lr: run for run in done}
     while todo := pending_rates(rates, {lr: run.final_loss for lr, run in runs.items()}, step, max_extensions):
-        for lr in todo:
-            runs[lr] = train(lr)
+        runs[todo[0]] = train(todo[0])  # one at a time: each result may spare a rate past it
     status = bracket_status({lr: run.final_loss for lr, run in runs.items()})
     return sorted(runs.values(), key=lambda run: run.lr), status
 
@@ -490,6 +506,7 @@ __all__ = [
     "execute",
     "loss_at_flops",
     "next_rate",
+    "past_a_closed_side",
     "pending_rates",
     "plan_budget",
     "plan_run",

@@ -467,8 +467,8 @@ def claim(store: RunStore, key: str) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     staged = path.with_name(f".{key}.{os.getpid()}")
     for _ in range(2):
-        staged.write_text(f"{os.getpid()} {_boot_id()}", encoding="utf-8")
-        try:
+        try:  # the staged file is written inside: a worker stopped while writing it leaves nothing behind
+            staged.write_text(f"{os.getpid()} {_boot_id()}", encoding="utf-8")
             os.link(staged, path)  # whole or not at all: a claim is never seen empty
             return True
         except FileExistsError:

@@ -571,6 +571,12 @@ def test_a_worker_says_which_run_it_takes_from_where_and_when_it_should_end(fake
     run_stages(ladder, ["grid"], progress=False, log=lines.append)
     assert f"control lr={control.lr:.3g} seed={control.seed} from step {half:,} " in lines[0]
 
+    lines.clear()
+    run_stages(ladder, ["floor", "precision"], progress=False, log=lines.append)
+    other = "fp32" if ladder.precision == "bf16" else "bf16"
+    assert any(line.endswith(f"seed=0 {other}") for line in (line.split(" (")[0] for line in lines))
+    assert all(f" {ladder.precision}" not in line for line in lines)  # the ladder's own precision goes unsaid
+
 
 def test_the_report_shows_where_each_begun_run_stands(fake_ladder, tmp_path):
     """A run that spans sessions is committed as a checkpoint: the report reads its step, last evaluation and hours

@@ -549,8 +549,7 @@ def run_stages(
             release(ladder.store, plan.key)
         trained.append(run)
         log(
-            f"{clock()} {plan.shape.name} {run.arm} lr={run.lr:.3g} seed={run.seed} "
-            f"tokens={run.tokens / 1e6:.1f}M: "
+            f"{clock()} {run_label(ladder, plan)} tokens={run.tokens / 1e6:.1f}M: "
             f"{run.final_loss:.4f} ({run.seconds / 60:.1f} min, {run.tokens_per_second:,.0f} tokens/s)"
         )
 
@@ -562,10 +561,15 @@ def start_line(ladder: Ladder, plan: RunPlan) -> str:
     begun = f" from step {progress['step']:,}" if progress else ""
     seconds = expected_seconds(ladder, plan)
     ends = "" if seconds is None else f", expected to end at {clock(time.time() + seconds)}"
-    return (
-        f"{clock()} starting {plan.shape.name} {plan.arm.name} lr={plan.settings.learning_rate:.3g} "
-        f"seed={plan.settings.seed}{begun} ({plan.settings.steps:,} steps{ends})"
-    )
+    return f"{clock()} starting {run_label(ladder, plan)}{begun} ({plan.settings.steps:,} steps{ends})"
+
+
+def run_label(ladder: Ladder, plan: RunPlan) -> str:
+    """A run as a worker names it: shape, arm, rate, seed, and its precision where it is not the ladder's (the
+    precision stage's fp32 runs would otherwise read as the floor's bf16 ones)."""
+    label = f"{plan.shape.name} {plan.arm.name} lr={plan.settings.learning_rate:.3g} seed={plan.settings.seed}"
+    precision = plan.settings.precision
+    return label if precision == ladder.precision else f"{label} {precision}"
 
 
 def say(line: str) -> None:
@@ -606,7 +610,7 @@ def expected_seconds(ladder: Ladder, plan: RunPlan) -> float | None:
 
 def _train(ladder: Ladder, plan: RunPlan, progress: bool) -> Run:
     """Train a planned run (from its checkpoint, if it has one); a run that stalls is stored as it stands."""
-    label = f"{plan.shape.name} {plan.arm.name} lr={plan.settings.learning_rate:.3g} s{plan.settings.seed}"
+    label = run_label(ladder, plan)
     saved = read_progress(ladder.store.checkpoint(plan.key)) or {"curve": [], "seconds": 0.0}
     watch = StallWatch(plan, ladder.data, baseline_curve(ladder, plan), saved["curve"])
     start = time.perf_counter()

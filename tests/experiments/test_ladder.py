@@ -347,6 +347,22 @@ def test_the_report_names_the_baseline_and_the_multiplier(fake_ladder, tmp_path)
     assert (tmp_path / "report" / "ladder.png").stat().st_size > 10_000
 
 
+def test_the_multiplier_is_fitted_only_through_rungs_where_every_rate_is_bracketed(fake_ladder):
+    """A rung half done (an arm at one rate that stalled, say) would read a rate's failure as the architecture's
+    scaling: the fit waits until every arm's rate at a rung is bracketed."""
+    ladder, _ = fake_ladder
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    assert summarize(ladder)["fit"] is not None  # both rungs below the top bracketed
+    rung = ladder.rungs[1]
+    hires = [
+        r for r in ladder.store.runs() if r.arm == "hires" and r.seed == 0 and r.spec["budget"]["flops"] == rung.flops
+    ]
+    for run in sorted(hires, key=lambda run: run.lr)[:-1]:  # only its highest rate is left: an edge, not a bracket
+        next(ladder.store.folder.glob(f"*-{run.key}.json")).unlink()
+    ladder.store.refresh()
+    assert summarize(ladder)["fit"] is None
+
+
 def test_the_report_shows_each_rungs_rate_grid_its_seeds_and_their_training_loss(fake_ladder, tmp_path):
     """A reader checks a bracket by its losses (every rate an arm ran, the best marked, its other seeds beside it)
     and a run between its evaluations by its training loss, where the run kept a trace."""

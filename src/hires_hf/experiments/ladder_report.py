@@ -292,9 +292,15 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
     return summary
 
 
+def settled_rung(rung: dict[str, Any]) -> bool:
+    """Whether every arm's rate at a rung is bracketed: a fit through single unbracketed runs (HiRes at a rate that
+    stalled, say) would read a rate's failure as the architecture's scaling."""
+    return all(cell["bracket"] == "bracketed" for cell in rung["arms"].values())
+
+
 def fit(summary: dict[str, Any]) -> dict[str, Any] | None:
     """Power laws per arm over the rungs and the best HiRes's FLOPs multiplier over the baseline, at the top."""
-    complete = [r for r in summary["rungs"] if r["baseline"] and r["best_hires"]]
+    complete = [r for r in summary["rungs"] if r["baseline"] and r["best_hires"] and settled_rung(r)]
     if len(complete) < 2:
         return None
     top = complete[-1]
@@ -648,7 +654,7 @@ def markdown(summary: dict[str, Any]) -> str:
             f"{result['gap_per_decade']:+.3f} nats per decade of compute."
         )
     else:
-        lines.append("The fit needs at least two complete rungs.")
+        lines.append("The fit needs at least two rungs with every arm's rate bracketed.")
     return "\n".join(lines) + "\n"
 
 

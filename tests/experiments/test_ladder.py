@@ -524,10 +524,8 @@ def test_a_worker_on_a_machine_held_for_a_fixed_time_starts_only_the_runs_it_can
     """On a machine held for a session, a run that cannot end before the machine goes back loses its progress: a
     worker skips it, judging its time from the speed stored runs measured on this machine at its width and from how
     far its checkpoint already got, and still starts a run at a width not timed yet."""
-    import torch
 
     from hires_hf.experiments.ladder import expected_seconds
-    from hires_hf.training.checkpoint import save_checkpoint
 
     ladder, trained = fake_ladder
     run_stages(ladder, ["grid"], progress=False, log=lambda line: None)  # every fake run: 1 s, so 1 s a run
@@ -542,12 +540,8 @@ def test_a_worker_on_a_machine_held_for_a_fixed_time_starts_only_the_runs_it_can
     assert run_stages(ladder, ["grid"], progress=False, log=lambda line: None, claim_until=time.time() + 0.5) == []
     assert trained == [] and ladder.store.get(plan.key) is None  # it would not have finished: not begun
 
-    model = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.AdamW(model.parameters())
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     steps = plan.settings.steps
-    progress = {"step": 3 * steps // 4, "curve": [], "train_losses": [], "seconds": 0.75}
-    save_checkpoint(ladder.store.checkpoint(plan.key), model, optimizer, scheduler, progress)
+    write_checkpoint(ladder, plan, {"step": 3 * steps // 4, "curve": [], "train_losses": [], "seconds": 0.75})
     assert expected_seconds(ladder, plan) == pytest.approx(1 - (3 * steps // 4) / steps)  # what is left of it
     run_stages(ladder, ["grid"], progress=False, log=lambda line: None, claim_until=time.time() + 0.5)
     assert [p.key for p in trained] == [plan.key]  # three quarters done: the rest fits
@@ -560,9 +554,6 @@ def test_a_worker_on_a_machine_held_for_a_fixed_time_starts_only_the_runs_it_can
 def test_a_worker_says_which_run_it_takes_from_where_and_when_it_should_end(fake_ladder):
     """A worker is silent for the hours a run takes: its log names each run as it takes it, the step a resumed run
     goes on from, and, once runs at that width have been timed on this machine, when it should end."""
-    import torch
-
-    from hires_hf.training.checkpoint import save_checkpoint
 
     ladder, _ = fake_ladder
     lines: list[str] = []
@@ -577,12 +568,8 @@ def test_a_worker_says_which_run_it_takes_from_where_and_when_it_should_end(fake
     next(ladder.store.folder.glob(f"*-{control.key}.json")).unlink()  # that run is open again, half done
     ladder.store.refresh()
     plan = ladder.plan(ladder_arms_by_name(ladder)["control"], rung, control.lr, control.seed)
-    model = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.AdamW(model.parameters())
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     half = plan.settings.steps // 2
-    progress = {"step": half, "curve": [], "seconds": 0.0}
-    save_checkpoint(ladder.store.checkpoint(plan.key), model, optimizer, scheduler, progress)
+    write_checkpoint(ladder, plan, {"step": half, "curve": [], "seconds": 0.0})
     lines.clear()
     run_stages(ladder, ["grid"], progress=False, log=lines.append)
     assert f"control lr={control.lr:.3g} seed={control.seed} from step {half:,} " in lines[0]
@@ -597,9 +584,6 @@ def test_a_worker_says_which_run_it_takes_from_where_and_when_it_should_end(fake
 def test_the_report_shows_where_each_begun_run_stands(fake_ladder, tmp_path):
     """A run that spans sessions is committed as a checkpoint: the report reads its step, last evaluation and hours
     from the checkpoint's header and sets the rung's baseline beside it at the same share of the budget."""
-    import torch
-
-    from hires_hf.training.checkpoint import save_checkpoint
 
     ladder, _ = fake_ladder
     run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
@@ -615,12 +599,10 @@ def test_the_report_shows_where_each_begun_run_stands(fake_ladder, tmp_path):
     next(ladder.store.folder.glob(f"*-{hires.key}.json")).unlink()  # hires at its best rate is under way again
     ladder.store.refresh()
     plan = ladder.plan(ladder_arms_by_name(ladder)["hires"], rung, hires.lr)
-    model = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.AdamW(model.parameters())
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     steps = plan.settings.steps
-    progress = {"step": steps, "curve": [[0, 6.0], [steps, 3.5]], "train_losses": [], "seconds": 5400.0}
-    save_checkpoint(ladder.store.checkpoint(plan.key), model, optimizer, scheduler, progress)
+    write_checkpoint(
+        ladder, plan, {"step": steps, "curve": [[0, 6.0], [steps, 3.5]], "train_losses": [], "seconds": 5400.0}
+    )
     other = ladder.plan(ladder_arms_by_name(ladder)["control"], ladder.rungs[-1], 8e-3)
     ladder.store.checkpoint(other.key).write_bytes(b"not a checkpoint")
 
@@ -632,6 +614,18 @@ def test_the_report_shows_where_each_begun_run_stands(fake_ladder, tmp_path):
     assert row["baseline_then"] == pytest.approx(control)
     assert rows[other.key]["step"] is None  # an unreadable checkpoint is listed, without progress
     assert "**In flight**" in write_report(ladder, tmp_path / "report")
+
+
+def write_checkpoint(ladder, plan, progress: dict) -> None:
+    """A checkpoint of `plan` at `progress` (a stand-in model: what the planner and the report read is its header)."""
+    import torch
+
+    from hires_hf.training.checkpoint import save_checkpoint
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    save_checkpoint(ladder.store.checkpoint(plan.key), model, optimizer, scheduler, progress)
 
 
 def ladder_arms_by_name(ladder) -> dict[str, Arm]:

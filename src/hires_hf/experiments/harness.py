@@ -400,10 +400,15 @@ def best_run(runs: Sequence[Run]) -> Run:
     return min(runs, key=lambda run: run.final_loss)
 
 
+def best_rate(losses: dict[float, float]) -> float:
+    """The rate of the lowest loss in {rate: loss}."""
+    return min(losses, key=losses.__getitem__)
+
+
 def bracket_status(losses: dict[float, float]) -> str:
     """ "bracketed" when the best rate has a tried rate on both sides, else which edge it sits at."""
     rates = sorted(losses)
-    best = min(rates, key=lambda lr: losses[lr])
+    best = best_rate(losses)
     if len(rates) == 1:
         return "single rate"
     if best == rates[-1]:
@@ -449,7 +454,7 @@ def past_a_closed_side(rate: float, losses: dict[float, float]) -> bool:
     stalled at the next rung would otherwise train the rate above it, which is worse still)."""
     if not losses:
         return False
-    best = min(losses, key=losses.__getitem__)
+    best = best_rate(losses)
     low, high = sorted((best, rate))
     return any(low < lr < high and loss > losses[best] for lr, loss in losses.items())
 
@@ -500,6 +505,7 @@ __all__ = [
     "RunStore",
     "Shape",
     "baseline_arms",
+    "best_rate",
     "best_run",
     "bracket_status",
     "control_multiplier",

@@ -55,6 +55,7 @@ from .harness import (
     RunPlan,
     RunStore,
     Shape,
+    best_rate,
     bracket_status,
     execute,
     pending_rates,
@@ -341,10 +342,6 @@ def _rates_around(grid: Sequence[float], step: float, extensions: int = MAX_EXTE
         low, high = tidy_rate(low / step), tidy_rate(high * step)
         rates += [low, high]
     return rates
-
-
-def best_rate(losses: dict[float, float]) -> float:
-    return min(losses, key=losses.__getitem__)
 
 
 # ---------------------------------------------------------------------------------------------------- stages

@@ -92,6 +92,7 @@ def ladder_arms(names: Sequence[str]) -> list[Arm]:
         "D=d": Arm("D=d", fields={"residual_ratio": 1.0}),
         "k=2": Arm("k=2", fields={"layers_per_block": 2}),
         "delta-write": Arm("delta-write", fields={"write_mode": "delta"}),
+        "qk-norm": Arm("qk-norm", fields={"qk_norm": "per_head"}),  # against the attention-entropy collapse
     }
     unknown = [name for name in names if name not in known]
     if unknown:

@@ -195,15 +195,19 @@ def test_a_rung_cut_short_already_compares_every_arm_at_its_carried_over_rate(fa
             assert plan.settings.learning_rate == pytest.approx(centre[plan.arm.name]), plan.arm.name
 
 
-def test_the_precision_stage_pairs_bf16_and_fp32_seeds_for_both_arms(fake_ladder):
+def test_the_precision_stage_pairs_bf16_and_fp32_seeds_for_both_arms_each_at_a_rate_it_trains_at(fake_ladder):
     ladder, trained = fake_ladder
+    ladder.settings = replace(ladder.settings, precision_rates=(("hires", 1e-3),))
     run_stages(ladder, ["floor", "precision"], progress=False, log=lambda line: None)
     s = ladder.settings
-    pairs = {(p.arm.name, p.settings.precision, p.settings.seed) for p in trained if p.arm.name != "plain-twin"}
+    summary = summarize(ladder)
+    rates = {"control": summary["floor"]["lr"], "hires": 1e-3}  # HiRes where the settings say
+    pairs = {(p.arm.name, p.settings.precision, p.settings.seed, p.settings.learning_rate) for p in trained}
     for arm in ("control", "hires"):
         for precision in ("bf16", "fp32"):
-            assert {(arm, precision, seed) for seed in range(s.precision_seeds)} <= pairs
-    summary = summarize(ladder)["precision"]["arms"]
+            assert {(arm, precision, seed, rates[arm]) for seed in range(s.precision_seeds)} <= pairs
+    summary = summary["precision"]["arms"]
+    assert {name: cell["lr"] for name, cell in summary.items()} == rates
     assert summary["hires"]["difference"] == pytest.approx(0.0)  # the made-up losses ignore the precision
     assert summary["control"]["spread"] == pytest.approx(0.001 * (s.precision_seeds - 1))
 

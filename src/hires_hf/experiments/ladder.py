@@ -134,6 +134,10 @@ class LadderSettings:
     floor_seeds: int = 3
     precision_tokens: float = 2e6  # bf16 against fp32 at the floor's shape: this long, these seeds
     precision_seeds: int = 2
+    # an arm's rate in the precision check where the floor's (the control's) is one it does not train at: HiRes at
+    # 1.6e-2 collapses its attention onto one token at this length and sits at the bigram loss, whatever the precision
+    # (`benchmarks/results/ladder_stall`); at 4e-3 it learns
+    precision_rates: tuple[tuple[str, float], ...] = (("hires", 4e-3),)
     # bf16 wherever it trains: its stored runs are keyed by it, so a report on any machine finds them (a CPU
     # without bf16 matrix units computes it with fp32 kernels: `hires_hf.training.bf16_emulation`)
     precision: str = "bf16"
@@ -369,17 +373,22 @@ def floor_stage(ladder: Ladder) -> Iterator[RunPlan]:
             return
 
 
+def precision_rate(ladder: Ladder, arm: Arm, floor_lr: float) -> float:
+    """`arm`'s rate in the precision check: the floor's, unless the settings name one the arm trains at."""
+    return dict(ladder.settings.precision_rates).get(arm.name, floor_lr)
+
+
 def precision_stage(ladder: Ladder) -> Iterator[RunPlan]:
-    """bf16 against fp32: the control and HiRes at the floor's shape and rate, `precision_seeds` seeds each, at
-    `precision_tokens` tokens (the bf16 control runs are the floor's own)."""
+    """bf16 against fp32: the control and HiRes at the floor's shape and rate (`precision_rate`), `precision_seeds`
+    seeds each, at `precision_tokens` tokens (the bf16 control runs are the floor's own)."""
     s, control = ladder.settings, ladder_arms(["control"])[0]
     rung = ladder.rungs[s.floor_rung]
     per_token = control.flops_per_token(rung.shape, ladder.data)
     todo, losses = ladder.bracket(control, rung, s.rates, 2.0, s.floor_grid_tokens * per_token)
     if todo or bracket_status(losses) != "bracketed":
         return
-    lr = best_rate(losses)
     for arm in ladder_arms(["control", "hires"]):
+        lr = precision_rate(ladder, arm, best_rate(losses))
         for precision in ("bf16", "fp32"):
             for seed in range(s.precision_seeds):
                 yield ladder.plan(arm, rung, lr, seed, s.precision_tokens * per_token, precision=precision)
@@ -671,6 +680,7 @@ __all__ = [
     "ladder_arms",
     "open_ladder",
     "open_runs",
+    "precision_rate",
     "record_corpus",
     "run_stages",
 ]

@@ -24,7 +24,16 @@ from ..tables import markdown_table
 from ..training.bf16_emulation import EMULATED, NATIVE
 from ..training.checkpoint import read_progress
 from .harness import HIRES, Run, bracket_status
-from .ladder import FLOOR_NATS, STAGES, Ladder, _rates_around, ladder_arms, open_runs, top_contenders
+from .ladder import (
+    FLOOR_NATS,
+    STAGES,
+    Ladder,
+    _rates_around,
+    ladder_arms,
+    open_runs,
+    precision_rate,
+    top_contenders,
+)
 from .stalls import baseline_at
 
 COMMANDS = {  # how each device's ladder is run, and what one worker of its budget is
@@ -126,20 +135,21 @@ def precision_points(ladder: Ladder) -> dict[str, Any]:
     per_token = ladder_arms(["control"])[0].flops_per_token(rung.shape, ladder.data)
     arms = {}
     for arm in ladder_arms(["control", "hires"]):
-        losses = {}
+        losses, lr = {}, precision_rate(ladder, arm, floor["lr"])
         for precision in ("bf16", "fp32"):
             plans = [
-                ladder.plan(arm, rung, floor["lr"], seed, s.precision_tokens * per_token, precision=precision)
+                ladder.plan(arm, rung, lr, seed, s.precision_tokens * per_token, precision=precision)
                 for seed in range(s.precision_seeds)
             ]
             losses[precision] = [r.final_loss for r in map(ladder.store.get, (p.key for p in plans)) if r]
         complete = all(len(v) == s.precision_seeds for v in losses.values())
         arms[arm.name] = {
+            "lr": lr,
             **losses,
             "difference": statistics.fmean(losses["bf16"]) - statistics.fmean(losses["fp32"]) if complete else None,
             "spread": max(max(v) - min(v) for v in losses.values()) if complete else None,
         }
-    return {"shape": rung.name, "lr": floor["lr"], "tokens": s.precision_tokens, "arms": arms}
+    return {"shape": rung.name, "tokens": s.precision_tokens, "arms": arms}
 
 
 def stage_of(ladder: Ladder, run: Run) -> str:
@@ -605,6 +615,7 @@ def markdown(summary: dict[str, Any]) -> str:
         rows = [
             (
                 name,
+                f"{cell['lr']:.3g}",
                 " ".join(f"{x:.4f}" for x in cell["bf16"]),
                 " ".join(f"{x:.4f}" for x in cell["fp32"]),
                 "-" if cell["difference"] is None else f"{cell['difference']:+.4f}",
@@ -613,10 +624,10 @@ def markdown(summary: dict[str, Any]) -> str:
             for name, cell in precision["arms"].items()
         ]
         lines += [
-            f"**bf16 against fp32** ({precision['shape']}, lr {precision['lr']:.3g}, "
-            f"{precision['tokens'] / 1e6:g}M tokens; the difference of the seed means against the larger seed spread):",
+            f"**bf16 against fp32** ({precision['shape']}, {precision['tokens'] / 1e6:g}M tokens, each arm at a rate "
+            "it trains at; the difference of the seed means against the larger seed spread):",
             "",
-            *markdown_table(["arm", "bf16 seeds", "fp32 seeds", "bf16 - fp32", "seed spread"], rows, "lllrr"),
+            *markdown_table(["arm", "lr", "bf16 seeds", "fp32 seeds", "bf16 - fp32", "seed spread"], rows, "lrllrr"),
             "",
         ]
     lines += [table(summary), ""]

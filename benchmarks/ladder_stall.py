@@ -66,9 +66,9 @@ def bigram_loss(data: Data, blocks: torch.Tensor, train_blocks: int = 20_000, sm
 
 @torch.no_grad()
 def attention_targets(model: nn.Module, input_ids: torch.Tensor) -> dict[str, list[float]]:
-    """Per layer, the mean attention weight a query puts on its own token and on the block's first token: where an
-    attention whose entropy collapsed looks (on itself, it passes on the current token alone; on the first token,
-    nothing). Runs the eager kernel, which returns the weights."""
+    """Per layer, the mean attention weight a query puts on its own token, the one before it and the block's first:
+    where an attention whose entropy collapsed looks (on itself it passes on the current token alone, on the first
+    token nothing, on the previous one what a bigram model lacks). Runs the eager kernel, which returns the weights."""
     previous, was_training = model.config._attn_implementation, model.training
     model.eval()
     model.set_attn_implementation("eager")
@@ -78,8 +78,9 @@ def attention_targets(model: nn.Module, input_ids: torch.Tensor) -> dict[str, li
         model.set_attn_implementation(previous)
         model.train(was_training)
     own = [probs.float().diagonal(dim1=-2, dim2=-1)[..., 1:].mean().item() for probs in attentions]
+    previous = [probs.float().diagonal(offset=-1, dim1=-2, dim2=-1).mean().item() for probs in attentions]
     first = [probs.float()[..., 1:, 0].mean().item() for probs in attentions]  # the first query has no choice
-    return {"attention_on_self": own, "attention_on_first": first}
+    return {"attention_on_self": own, "attention_on_previous": previous, "attention_on_first": first}
 
 
 @torch.no_grad()
@@ -115,16 +116,19 @@ def watch_case(ladder: Ladder, arm_name: str, lr: float, steps: int, every: int,
             row["attention_entropy"] = row.get("attention_entropy") or attention_entropy(model, probe)
             targets = attention_targets(model, probe)
             rows.append({**_slim(row), **targets, "step": done, "loss": probe_loss(model, probe)})
-        if done >= steps:
+        if done >= steps and steps < plan.settings.steps:
             raise Enough
 
+    final_loss = None  # a run trained to its end has its validation loss, comparable with the ladder's runs
     try:
-        execute(plan, ladder.data, ladder.device, before_update=recorder.before_step, after_update=after_update)
+        run = execute(plan, ladder.data, ladder.device, before_update=recorder.before_step, after_update=after_update)
+        final_loss = run.final_loss
     except Enough:
         pass
     finally:
         bar.close()
-    return {"arm": arm_name, "lr": lr, "steps": steps, "of_steps": plan.settings.steps, "rows": rows}
+    case = {"arm": arm_name, "lr": lr, "steps": steps, "of_steps": plan.settings.steps, "rows": rows}
+    return {**case, "final_loss": final_loss}
 
 
 def _slim(row: dict[str, Any]) -> dict[str, Any]:
@@ -139,7 +143,8 @@ def case_label(case: dict[str, Any]) -> str:
 
 def summary_table(cases: list[dict[str, Any]], bigram: float, unigram: float) -> str:
     """Per case at its last probe: loss, against the bigram loss, attention entropy (mean and lowest layer), the
-    final hidden state's shared fraction and the largest write-to-stream ratio of a HiRes block."""
+    final hidden state's shared fraction and the largest write-to-stream ratio of a HiRes block; for a run trained
+    to its end, its loss on the whole validation set (the ladder's measure)."""
     rows = []
     for case in cases:
         last = case["rows"][-1]
@@ -155,11 +160,13 @@ def summary_table(cases: list[dict[str, Any]], bigram: float, unigram: float) ->
                 f"{min(entropy):.2f}",
                 f"{last['final_shared']:.2f}",
                 f"{max(writes):.2f}" if writes else "",
+                "" if case.get("final_loss") is None else f"{case['final_loss']:.4f}",
             ]
         )
     header = ["run", "step", "loss", "vs bigram", "attention entropy", "lowest layer", "final shared", "max write"]
+    header.append("validation loss at the end")
     note = f"Unigram loss {unigram:.3f}, bigram loss {bigram:.3f} (the probe's {PROBE_BLOCKS} validation blocks)."
-    return note + "\n\n" + "\n".join(markdown_table(header, rows, align="llrrrrrr"))
+    return note + "\n\n" + "\n".join(markdown_table(header, rows, align="llrrrrrrr"))
 
 
 def plot(cases: list[dict[str, Any]], bigram: float, unigram: float, path: Path) -> Path:
@@ -188,7 +195,8 @@ def plot(cases: list[dict[str, Any]], bigram: float, unigram: float, path: Path)
     for ax, title in zip(axes.flat, titles, strict=True):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # a vanilla-only watch draws no writes
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

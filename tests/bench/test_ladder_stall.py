@@ -46,11 +46,20 @@ def test_the_watch_records_loss_attention_and_the_stream_for_each_case(tmp_path)
     for case in (hires, control):
         for row in case["rows"]:
             assert math.isfinite(row["loss"]) and len(row["attention_entropy"]) == 4  # the smoke shapes' 4 layers
-            for share in ("attention_entropy", "attention_on_self", "attention_on_first"):
+            for share in ("attention_entropy", "attention_on_self", "attention_on_previous", "attention_on_first"):
                 assert all(0.0 <= value <= 1.0 + 1e-6 for value in row[share]), share
     assert all(unit["write_to_stream"] > 0 for row in hires["rows"] for unit in row["units"])
     assert not any("write_to_stream" in unit for row in control["rows"] for unit in row["units"])
     assert payload["bigram_loss"] < payload["unigram_loss"]
+    assert hires["final_loss"] is None  # stopped before its end: no validation loss to compare with the ladder's
+
+
+def test_a_case_trained_to_its_end_has_the_ladders_validation_loss(tmp_path):
+    out = tmp_path / "stall"
+    assert ladder_stall.main(["--smoke", "--cases", "control:1e-2", "--steps", "1000", "--out-dir", str(out)]) == 0
+    case = json.loads((out / "stall.json").read_text())["cases"][0]
+    assert case["steps"] == case["of_steps"] == case["rows"][-1]["step"]  # trained to the run's own end
+    assert math.isfinite(case["final_loss"]) and f"{case['final_loss']:.4f}" in (out / "stall.md").read_text()
 
 
 def test_a_case_that_is_not_arm_colon_rate_or_names_no_arm_is_refused_in_one_line(capsys):

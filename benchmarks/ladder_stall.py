@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from hires_hf.commands.ladder import cache_dir
 from hires_hf.diagnostics import DiagnosticsRecorder
-from hires_hf.diagnostics.probes import attention_entropy
+from hires_hf.diagnostics.probes import attention_entropy, attention_weights
 from hires_hf.errors import HiResUserError
 from hires_hf.experiments.harness import execute
 from hires_hf.experiments.ladder import Ladder, LadderSettings, ladder_arms, open_ladder
@@ -68,15 +68,8 @@ def bigram_loss(data: Data, blocks: torch.Tensor, train_blocks: int = 20_000, sm
 def attention_targets(model: nn.Module, input_ids: torch.Tensor) -> dict[str, list[float]]:
     """Per layer, the mean attention weight a query puts on its own token, the one before it and the block's first:
     where an attention whose entropy collapsed looks (on itself it passes on the current token alone, on the first
-    token nothing, on the previous one what a bigram model lacks). Runs the eager kernel, which returns the weights."""
-    previous, was_training = model.config._attn_implementation, model.training
-    model.eval()
-    model.set_attn_implementation("eager")
-    try:
-        attentions = model(input_ids=input_ids, output_attentions=True).attentions
-    finally:
-        model.set_attn_implementation(previous)
-        model.train(was_training)
+    token nothing, on the previous one what a bigram model lacks)."""
+    attentions = attention_weights(model, input_ids)
     own = [probs.float().diagonal(dim1=-2, dim2=-1)[..., 1:].mean().item() for probs in attentions]
     previous = [probs.float().diagonal(offset=-1, dim1=-2, dim2=-1).mean().item() for probs in attentions]
     first = [probs.float()[..., 1:, 0].mean().item() for probs in attentions]  # the first query has no choice

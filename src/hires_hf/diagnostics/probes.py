@@ -147,18 +147,25 @@ def _layer_output_hook(records: list[dict], index: int, mask: torch.Tensor | Non
 
 
 @torch.no_grad()
-def attention_entropy(model: nn.Module, input_ids: torch.Tensor) -> list[float]:
-    """Mean attention entropy of each layer, as a fraction of the uniform distribution's over the causal context
-    (1 = attends uniformly to everything before it, 0 = one token). Runs the eager kernel, which returns weights."""
+def attention_weights(model: nn.Module, input_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each layer's attention weights (B, H, T, T) on `input_ids`, in eval mode: runs the eager kernel (the fused
+    ones return no weights) and restores the model's kernel and mode."""
     previous = model.config._attn_implementation
     was_training = model.training
     model.eval()
     model.set_attn_implementation("eager")
     try:
-        attentions = model(input_ids=input_ids, output_attentions=True).attentions
+        return model(input_ids=input_ids, output_attentions=True).attentions
     finally:
         model.set_attn_implementation(previous)
         model.train(was_training)
+
+
+@torch.no_grad()
+def attention_entropy(model: nn.Module, input_ids: torch.Tensor) -> list[float]:
+    """Mean attention entropy of each layer, as a fraction of the uniform distribution's over the causal context
+    (1 = attends uniformly to everything before it, 0 = one token)."""
+    attentions = attention_weights(model, input_ids)
     seq_len = input_ids.shape[-1]
     context = torch.arange(1, seq_len + 1, dtype=torch.float, device=input_ids.device)
     uniform = context.log().clamp_min(1e-9)  # entropy of uniform attention over each query's context
@@ -221,6 +228,7 @@ def group_update_ratios(
 __all__ = [
     "PARAM_GROUPS",
     "attention_entropy",
+    "attention_weights",
     "group_grad_norms",
     "group_update_ratios",
     "param_group",

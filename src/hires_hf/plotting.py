@@ -16,7 +16,13 @@ from types import ModuleType
 from typing import Any
 
 # One colour an architecture, in every figure: the baseline black, HiRes red, the plain twin grey.
-ARM_COLOURS = {"control": "black", "hires": "tab:red", "plain-twin": "tab:gray"}
+ARM_COLOURS = {
+    "control": "black",
+    "hires": "tab:red",
+    "plain-twin": "tab:gray",
+    "D=4d": "tab:blue",  # the fallback (tab10 by position) gave it hires's red
+    "qk-norm": "tab:purple",
+}
 
 
 def pyplot() -> ModuleType:

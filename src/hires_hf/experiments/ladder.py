@@ -105,9 +105,7 @@ class LadderSettings:
     """The ladder's design; `smoke()` is the seconds-long version the tests run."""
 
     rungs: tuple[tuple[str, float], ...] = (("64x12", 1.25e14), ("96x12", 3.5e14), ("128x12", 1e15))
-    # qk-norm: the shipped HiRes with a per-head RMSNorm on queries and keys, added when HiRes at 96x12 was found to
-    # collapse its attention onto one token at rates the control trains at (`benchmarks/results/ladder_stall`)
-    arms: tuple[str, ...] = ("control", "plain-twin", "hires", "D=4d", "qk-norm")
+    arms: tuple[str, ...] = ("control", "plain-twin", "hires", "D=4d")
     batch_size: int = 32
     context: int = 256
     vocab_size: int = 4096
@@ -125,7 +123,6 @@ class LadderSettings:
         ("plain-twin", 8e-3),
         ("hires", 3.2e-2),
         ("D=4d", 8e-3),
-        ("qk-norm", 3.2e-2),  # not on the first corpus: the shipped HiRes's centre, the model it adds two norms to
     )
     top_seeds: int = 2
     # seeds at each arm's best rate at the rungs below the top, once its bracket is done: single HiRes runs moved

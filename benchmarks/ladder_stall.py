@@ -166,16 +166,16 @@ def plot(cases: list[dict[str, Any]], bigram: float, unigram: float, path: Path)
     """Loss, mean attention entropy and the lowest layer's, and the largest write-to-stream ratio, against step."""
     plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    for case in cases:
+    for index, case in enumerate(cases):
         steps = [row["step"] for row in case["rows"]]
         entropy = [row["attention_entropy"] for row in case["rows"]]
-        label = case_label(case)
-        axes[0, 0].plot(steps, [row["loss"] for row in case["rows"]], label=label)
-        axes[0, 1].plot(steps, [sum(e) / len(e) for e in entropy], label=label)
-        axes[1, 0].plot(steps, [min(e) for e in entropy], label=label)
+        style = {"label": case_label(case), "color": f"C{index % 10}"}  # one colour a case in every panel
+        axes[0, 0].plot(steps, [row["loss"] for row in case["rows"]], **style)
+        axes[0, 1].plot(steps, [sum(e) / len(e) for e in entropy], **style)
+        axes[1, 0].plot(steps, [min(e) for e in entropy], **style)
         writes = [[u["write_to_stream"] for u in row["units"] if "write_to_stream" in u] for row in case["rows"]]
         if all(writes):
-            axes[1, 1].plot(steps, [max(w) for w in writes], label=label)
+            axes[1, 1].plot(steps, [max(w) for w in writes], **style)
     axes[0, 0].axhline(bigram, color="k", ls="--", lw=1, label="bigram loss")
     axes[0, 0].axhline(unigram, color="grey", ls=":", lw=1, label="unigram loss")
     axes[1, 1].set_yscale("log")

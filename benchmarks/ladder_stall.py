@@ -34,13 +34,14 @@ from tqdm.auto import tqdm
 
 from hires_hf.commands.ladder import cache_dir
 from hires_hf.diagnostics import DiagnosticsRecorder
-from hires_hf.diagnostics.probes import attention_entropy, attention_weights
+from hires_hf.diagnostics.probes import attention_weights
 from hires_hf.errors import HiResUserError
 from hires_hf.experiments.harness import execute
 from hires_hf.experiments.ladder import Ladder, LadderSettings, ladder_arms, open_ladder
 from hires_hf.io import write_json_atomic, write_text_atomic
 from hires_hf.plotting import pyplot
 from hires_hf.tables import markdown_table
+from hires_hf.training.loop import evaluate
 from hires_hf.training.prepare import Data
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ladder_stall"
@@ -76,17 +77,6 @@ def attention_targets(model: nn.Module, input_ids: torch.Tensor) -> dict[str, li
     return {"attention_on_self": own, "attention_on_previous": previous, "attention_on_first": first}
 
 
-@torch.no_grad()
-def probe_loss(model: nn.Module, blocks: torch.Tensor) -> float:
-    """Next-token loss on `blocks` in fp32, in eval mode (the probe's own reading, every few steps)."""
-    was_training = model.training
-    model.eval()
-    try:
-        return model(input_ids=blocks, labels=blocks).loss.item()
-    finally:
-        model.train(was_training)
-
-
 def watch_case(ladder: Ladder, arm_name: str, lr: float, steps: int, every: int, flops: float) -> dict[str, Any]:
     """Train `arm_name` at peak `lr` on the ladder's floor shape for `steps` steps of a run of `flops`, with the
     diagnostics every `every` steps; the run is the ladder's own (same batches, schedule and precision)."""
@@ -105,10 +95,10 @@ def watch_case(ladder: Ladder, arm_name: str, lr: float, steps: int, every: int,
         done = step + 1
         row = recorder.after_step(model, step)
         if row is not None or done == steps:
-            row = row or {"step": step, **recorder.probe(model)}
-            row["attention_entropy"] = row.get("attention_entropy") or attention_entropy(model, probe)
+            row = row or {"step": step, **recorder.probe(model)}  # the recorder's probe has the attention's entropy
             targets = attention_targets(model, probe)
-            rows.append({**_slim(row), **targets, "step": done, "loss": probe_loss(model, probe)})
+            loss = evaluate(model, probe, PROBE_BLOCKS, "fp32")
+            rows.append({**_slim(row), **targets, "step": done, "loss": loss})
         if done >= steps and steps < plan.settings.steps:
             raise Enough
 

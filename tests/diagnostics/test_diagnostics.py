@@ -11,7 +11,10 @@ from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 from hires_hf import HiResConfig
 from hires_hf.cli import main
 from hires_hf.diagnostics import (
+    COLLAPSED_ENTROPY,
     DiagnosticsCallback,
+    DiagnosticsRecorder,
+    attention_collapsed,
     attention_entropy,
     group_update_ratios,
     param_group,
@@ -133,3 +136,40 @@ def test_inspect_of_something_else_is_one_line(tmp_path, capsys):
     assert main(["inspect", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "neither a diagnostics.jsonl" in err and len(err.splitlines()) == 1
+
+
+def _sharpened(scale: float) -> torch.nn.Module:
+    """A tiny HiRes whose queries and keys are `scale` times larger: large scales make every head look at one token."""
+    model = AutoModelForCausalLM.from_config(HiResConfig.from_preset("tiny"))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(scale)
+            layer.self_attn.k_proj.weight.mul_(scale)
+    return model
+
+
+def test_a_recorder_warns_once_when_every_layer_has_collapsed_and_inspect_says_what_to_change(tmp_path, caplog, capsys):
+    ids = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    healthy, collapsed = _sharpened(1.0), _sharpened(40.0)
+    assert not attention_collapsed(attention_entropy(healthy, ids))
+    assert max(attention_entropy(collapsed, ids)) < COLLAPSED_ENTROPY
+    # one sharp layer is a previous-token head, not the stall
+    assert not attention_collapsed([0.01, 0.02, 0.5]) and attention_collapsed([0.01, 0.02, 0.1])
+
+    for model, path in ((healthy, tmp_path / "healthy"), (collapsed, tmp_path / "collapsed")):
+        recorder = DiagnosticsRecorder(ids, every=1, path=path / "diagnostics.jsonl")
+        with caplog.at_level("WARNING", logger="hires_hf.diagnostics.recorder"):
+            for step in range(3):
+                recorder.before_step(model, step)
+                recorder.after_step(model, step)
+    warnings = [record.getMessage() for record in caplog.records]
+    assert len(warnings) == 1 and warnings[0].startswith("Step 0: the attention has collapsed")
+    assert "learning rate" in warnings[0]
+
+    assert main(["inspect", str(tmp_path / "healthy")]) == 0
+    assert "collapsed" not in capsys.readouterr().out
+    assert main(["inspect", str(tmp_path / "collapsed")]) == 0
+    assert "From step 0: the attention has collapsed" in capsys.readouterr().out
+    collapsed.save_pretrained(tmp_path / "model")
+    assert main(["inspect", str(tmp_path / "model"), "--seq-len", "32", "--batch", "2"]) == 0
+    assert "The attention has collapsed" in capsys.readouterr().out

@@ -1,6 +1,8 @@
 """Diagnostics: see inside HiRes training (wide stream per block, spectra, attention entropy, update ratios)."""
 
 from .probes import (
+    COLLAPSED_ENTROPY,
+    attention_collapsed,
     attention_entropy,
     group_grad_norms,
     group_update_ratios,
@@ -12,9 +14,11 @@ from .probes import (
 from .recorder import DIAGNOSTICS_FILE, DiagnosticsCallback, DiagnosticsRecorder, read_rows
 
 __all__ = [
+    "COLLAPSED_ENTROPY",
     "DIAGNOSTICS_FILE",
     "DiagnosticsCallback",
     "DiagnosticsRecorder",
+    "attention_collapsed",
     "attention_entropy",
     "group_grad_norms",
     "group_update_ratios",

@@ -11,6 +11,7 @@ import torch
 
 from ..errors import HiResUserError
 from ..tables import markdown_row, markdown_table
+from .probes import attention_collapsed, collapse_advice
 from .recorder import DIAGNOSTICS_FILE, read_rows
 
 
@@ -49,6 +50,9 @@ def _inspect_run(path: Path, out_dir: Path) -> int:
     if not rows:
         raise HiResUserError(f"{path} has no rows yet; run more steps with diagnostics on.")
     print(run_table(rows))
+    collapsed = next((row for row in rows if attention_collapsed(row.get("attention_entropy", []))), None)
+    if collapsed is not None:
+        print(f"From step {collapsed['step']}: {collapse_advice(collapsed['attention_entropy'])}.")
     figure = plot_run(rows, out_dir / "diagnostics.png", title=str(path.parent))
     print(f"figure: {figure}")
     return 0
@@ -126,6 +130,8 @@ def probe_table(probe: dict[str, Any]) -> str:
         lines.append(
             "attention entropy / uniform per layer: " + " ".join(f"{e:.2f}" for e in probe["attention_entropy"])
         )
+        if attention_collapsed(probe["attention_entropy"]):
+            lines.append(collapse_advice(probe["attention_entropy"]).capitalize() + ".")
     for name, values in probe.get("spectra", {}).items():
         lines.append(f"top singular values {name}: " + " ".join(f"{v:.3g}" for v in values))
     return "\n".join(lines)

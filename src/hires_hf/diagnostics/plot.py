@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..plotting import pyplot
+from .probes import COLLAPSED_ENTROPY
 
 plt = pyplot()  # a leaf module that only draws: selecting the file-only backend on import is its job
 from matplotlib.ticker import MaxNLocator  # noqa: E402  (after the backend is chosen)
@@ -34,10 +35,11 @@ def _groups(rows: Sequence[dict[str, Any]], key: str) -> dict[str, list[float]]:
 
 
 def plot_run(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
-    """Four panels over training steps: stream shared fraction per block, write/stream ratio per block,
-    update-to-weight ratio per parameter group, gradient norm per parameter group."""
+    """Panels over training steps: stream shared fraction per block, write/stream ratio per block, attention entropy
+    per layer (above); update-to-weight ratio and gradient norm per parameter group, and the loss where the rows
+    have one (below)."""
     steps = [row["step"] for row in rows]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    fig, axes = plt.subplots(2, 3, figsize=(17, 8))
     unit = rows[0].get("kind", "block")
     panels = [
         (axes[0, 0], _series(rows, "stream_shared"), f"shared fraction of the stream entering each {unit}", False),
@@ -50,7 +52,7 @@ def plot_run(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "") 
             ax.plot(steps[: len(values)], values, label=str(name))
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("step")
-        if log:
+        if log and any(value > 0 for values in series.values() for value in values):
             ax.set_yscale("log")
         if series:
             ax.legend(fontsize=7, ncol=2)
@@ -59,7 +61,32 @@ def plot_run(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "") 
     axes[0, 0].set_ylim(-0.02, 1.02)
     _healthy(axes[0, 0], HEALTHY_SHARED, "healthy below (1 = every token the same)")
     _healthy(axes[0, 1], HEALTHY_WRITE, "healthy below (a block adds, not replaces)")
+    _entropy_panel(axes[0, 2], [row for row in rows if row.get("attention_entropy")])
+    _loss_panel(axes[1, 2], [(row["step"], row["loss"]) for row in rows if "loss" in row])
     return _save(fig, title or "HiRes training diagnostics", path)
+
+
+def _loss_panel(ax: plt.Axes, points: Sequence[tuple[int, float]]) -> None:
+    """The loss at the probed steps, where the caller recorded one (`after_step(model, step, loss=...)`)."""
+    if not points:
+        ax.axis("off")
+        return
+    ax.plot(*zip(*points, strict=True), color="black")
+    ax.set_title("loss (as recorded with the probes)", fontsize=10)
+    ax.set_xlabel("step")
+
+
+def _entropy_panel(ax: plt.Axes, rows: Sequence[dict[str, Any]]) -> None:
+    """Each layer's attention entropy over the steps that probed it, with the line below which all have collapsed."""
+    steps = [row["step"] for row in rows]
+    layers = list(zip(*(row["attention_entropy"] for row in rows), strict=False))  # one series per layer
+    for layer, values in enumerate(layers):  # first layer dark, last light
+        label = f"layer {layer}" if layer in (0, len(layers) - 1) else None
+        ax.plot(steps, values, color=plt.cm.viridis(layer / max(len(layers) - 1, 1)), label=label)
+    ax.set_title("attention entropy / uniform, per layer", fontsize=10)
+    ax.set_xlabel("step")
+    ax.set_ylim(0, 1.05)
+    _collapsed(ax)
 
 
 def plot_probe(probe: dict[str, Any], path: str | Path, title: str = "") -> Path:
@@ -78,6 +105,7 @@ def plot_probe(probe: dict[str, Any], path: str | Path, title: str = "") -> Path
     axes[2].set_ylim(0, 1.05)
     _healthy(axes[0], HEALTHY_SHARED, "healthy below (1 = every token the same)")
     _healthy(axes[1], HEALTHY_WRITE, "healthy below (a block adds, not replaces)")
+    _collapsed(axes[2])
     for ax in axes[:2]:
         ax.set_xlabel("block")
     axes[2].set_xlabel("layer")
@@ -89,6 +117,12 @@ def plot_probe(probe: dict[str, Any], path: str | Path, title: str = "") -> Path
 def _healthy(ax: plt.Axes, value: float, label: str) -> None:
     """A dashed line at the edge of healthy values, with a legend entry saying which side is healthy."""
     ax.axhline(value, color="green", linestyle=":", linewidth=1, label=label)
+    ax.legend(fontsize=7)
+
+
+def _collapsed(ax: plt.Axes) -> None:
+    """The entropy below which, in every layer, the attention has collapsed (`attention_collapsed`)."""
+    ax.axhline(COLLAPSED_ENTROPY, color="red", linestyle=":", linewidth=1, label="collapsed if every layer is below")
     ax.legend(fontsize=7)
 
 

@@ -13,7 +13,7 @@ and its twin can be put side by side.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -176,6 +176,28 @@ def attention_entropy(model: nn.Module, input_ids: torch.Tensor) -> list[float]:
     return entropies
 
 
+# Below this share of the uniform's entropy in every layer, each query attends to one token and the loss stalls at
+# the bigram level (docs/stability.md, "A second stall"). On the ladder's 96x12 runs the collapsed ones had every
+# layer below 0.10 by step 100; the healthy ones kept their most spread layer above 0.7 all along.
+COLLAPSED_ENTROPY = 0.15
+
+
+def attention_collapsed(entropy: Sequence[float]) -> bool:
+    """Whether the attention has collapsed: every layer's entropy (from `attention_entropy`) below
+    `COLLAPSED_ENTROPY`. One sharp layer is normal (a previous-token head); all of them is the stall."""
+    return bool(entropy) and max(entropy) < COLLAPSED_ENTROPY
+
+
+def collapse_advice(entropy: Sequence[float]) -> str:
+    """The line a user reads when `attention_collapsed(entropy)`: what it means and what to change."""
+    return (
+        f"the attention has collapsed: every layer's entropy is below {COLLAPSED_ENTROPY} of the uniform's "
+        f"(largest {max(entropy):.3f}), so each query looks at one token and the loss will stall near the bigram "
+        "level; lower the peak learning rate (or lengthen the warm-up, or set qk_norm='per_head' and bracket its "
+        "rate anew); docs/stability.md in hires-hf explains"
+    )
+
+
 @torch.no_grad()
 def projection_spectra(model: nn.Module, top: int = 3) -> dict[str, list[float]]:
     """Largest singular values of every read / write projection and of the read-out (empty for a vanilla model)."""
@@ -226,9 +248,12 @@ def group_update_ratios(
 
 
 __all__ = [
+    "COLLAPSED_ENTROPY",
     "PARAM_GROUPS",
+    "attention_collapsed",
     "attention_entropy",
     "attention_weights",
+    "collapse_advice",
     "group_grad_norms",
     "group_update_ratios",
     "param_group",

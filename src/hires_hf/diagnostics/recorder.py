@@ -3,12 +3,14 @@
 Every `every` steps the recorder keeps, for one step, each parameter group's gradient norm (after backward)
 and update-to-weight ratio (after the optimizer step), then probes a fixed batch: the wide stream per block,
 attention entropy, projection spectra. Rows go to memory and, when a path is given, to a JSON-lines file
-(`diagnostics.jsonl`) that `hires-hf inspect RUN_DIR` plots.
+(`diagnostics.jsonl`) that `hires-hf inspect RUN_DIR` plots. The first probe that finds the attention collapsed
+(`attention_collapsed`) logs a warning with what to change: that run's loss is about to stall.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,9 @@ from torch import nn
 from transformers import TrainerCallback
 
 from .probes import (
+    attention_collapsed,
     attention_entropy,
+    collapse_advice,
     group_grad_norms,
     group_update_ratios,
     projection_spectra,
@@ -26,6 +30,7 @@ from .probes import (
 )
 
 DIAGNOSTICS_FILE = "diagnostics.jsonl"
+logger = logging.getLogger(__name__)
 
 
 class DiagnosticsRecorder:
@@ -41,6 +46,7 @@ class DiagnosticsRecorder:
         self.rows: list[dict[str, Any]] = []
         self._before: dict[str, torch.Tensor] | None = None
         self._grads: dict[str, float] = {}
+        self._warned = False
 
     def wants(self, step: int) -> bool:
         return step % self.every == 0
@@ -57,12 +63,20 @@ class DiagnosticsRecorder:
         row["grad_norm"] = self._grads
         row["update_ratio"] = group_update_ratios(self._before, model.named_parameters())
         self._before = None
+        self._warn_on_collapse(row)
         self.rows.append(row)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a") as handle:
                 handle.write(json.dumps(row) + "\n")
         return row
+
+    def _warn_on_collapse(self, row: dict[str, Any]) -> None:
+        """Once a run: a warning at the first probe whose attention has collapsed (the loss stalls after it)."""
+        entropy = row.get("attention_entropy", [])
+        if not self._warned and attention_collapsed(entropy):
+            logger.warning("Step %d: %s.", row["step"], collapse_advice(entropy))
+            self._warned = True
 
     def probe(self, model: nn.Module) -> dict[str, Any]:
         ids = self.probe_ids.to(next(model.parameters()).device)

@@ -224,8 +224,8 @@ def render(result: dict[str, Any]) -> str:
         "",
         "![HiRes / twin throughput in vLLM](serving.png)",
         "",
-        "Not measured: GPUs (the same command runs there; `--dtypes bfloat16`), tensor parallelism in vLLM, LoRA in "
-        "vLLM.",
+        "Not measured: GPUs (the same command runs there; `--serving-dtypes bfloat16`), tensor parallelism in vLLM, "
+        "LoRA in vLLM.",
         "",
     ]
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """Fail fast, in one line, on a transformers older than the package needs (pyproject.toml states the same floor).
 
 5.16.1 is the oldest transformers vLLM 0.32 accepts (it pins `>=5.16.1,<5.20`); the model files run there too,
-and the main suite passes on it (README, "Serving with vLLM", says how that was checked).
+and the non-slow suite passes on it but for tests of 5.24-only APIs (docs/ecosystem.md lists them).
 """
 
 import transformers

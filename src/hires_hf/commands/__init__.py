@@ -3,7 +3,8 @@
 A command module holds argument parsing, the checks that name a flag, and the lines it prints; the work is a call
 into the library. Each exposes `add_parsers(subparsers)`, which adds its sub-command and sets `func` on it;
 `hires_hf.cli` gathers them and turns a `HiResUserError` into one line and exit code 2. Defaults the library
-already has (a settings dataclass's field, a function's keyword) are read from it with `default`, never retyped.
+already has (a settings dataclass's field, a function's keyword) are read from it with `default`, never retyped;
+a command's own default says so in its help (train's `--batch-size`, perplexity's `--batch-size`).
 """
 
 from __future__ import annotations

@@ -64,7 +64,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "seeds at each best rate. Prints one verdict line.",
     )
     d = CompareSettings()  # every default below is the library's
-    parser.add_argument("--data", nargs="+", default=list(d.data), help="jsonl / text files or folders, or 'stdlib'")
+    parser.add_argument(
+        "--data", nargs="+", default=list(d.data), help="jsonl / text files or folders, 'stdlib' or 'python'"
+    )
     parser.add_argument(
         "--model", default=d.model, help="a HiRes preset, a shape DxL (e.g. 128x16), or a config.json / model folder"
     )

@@ -73,6 +73,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         default=default(evaluate, "bootstrap_iters"),
         help="resamples for stderr (0: none)",
     )
-    parser.add_argument("--out", metavar="FILE", help="write the full results JSON here and the table to FILE.md")
+    parser.add_argument(
+        "--out", metavar="FILE", help="write the full results JSON here and the table beside it with a .md suffix"
+    )
     add_model_options(parser)
     parser.set_defaults(func=run_eval)

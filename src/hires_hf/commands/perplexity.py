@@ -58,7 +58,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--stride", type=int, default=None, help="new tokens scored per window (default: window, as lm-eval)"
     )
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument(
+        "--batch-size", type=int, default=4, help="windows scored at once (default 4: the command's own; speed only)"
+    )
     parser.add_argument("--out", metavar="FILE", help="also write the numbers as JSON")
     add_model_options(parser)
     parser.set_defaults(func=run_perplexity)

@@ -192,7 +192,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     opt = train.add_argument_group("optimisation")
     opt.add_argument("--max-steps", type=int, default=1000)
     opt.add_argument("--max-minutes", type=float, help="stop (and evaluate) after this much wall clock")
-    opt.add_argument("--batch-size", type=int, default=16, help="blocks per device per step")
+    opt.add_argument(
+        "--batch-size",
+        type=int,
+        default=16,
+        help="blocks per device per step (default 16: the command's own; TrainSettings has 8)",
+    )
     opt.add_argument("--grad-accum", type=int, default=default(TrainSettings, "gradient_accumulation_steps"))
     opt.add_argument("--lr", type=float, default=default(TrainSettings, "learning_rate"))
     opt.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default 5%% of --max-steps)")

@@ -14,12 +14,12 @@ FLOPs on the same batches, with the one recipe, bf16 and compiled (`hires_hf.exp
   each starting from the rate it carries over; then `rung_seeds` seeds of every arm at its best rate there.
 - `top`: at the top rung, each arm at the rate carried over from the rung below and x sqrt(2) either side
   (extended by sqrt(2) if the best is at an edge), then a second seed for the control and the best HiRes.
-- `report`: table, fits of loss vs compute per arm, the FLOPs multiplier of the best HiRes over the baseline
-  (the better of the control and the plain twin at the top rung) with a bootstrap CI, the gap at each rung,
-  `summary.json` and plots.
+`--report` writes the table, fits of loss vs compute per arm, the FLOPs multiplier of the best HiRes over the
+baseline (the better of the control and the plain twin at the top rung) with a bootstrap CI, the gap at each rung,
+`summary.json` and plots.
 
 Stages are plans over a run store (`RunStore`): a worker trains the first planned run nobody holds, so any
-number of workers (`--worker i/n`) share the work, a killed worker's run resumes from its checkpoint, and a
+number of workers (`--workers N`) share the work, a killed worker's run resumes from its checkpoint, and a
 run is reused only when everything that made it is unchanged.
 """
 

@@ -1,6 +1,6 @@
-"""Training HiRes: data (embedded stdlib corpus, local files), tokenizers, HF Trainer wiring, the demo.
+"""Training HiRes: data (embedded stdlib corpus, local files), tokenizers, HF Trainer wiring, the training loop.
 
-The Python API other parts reuse (e.g. the scaling ladder in `hires_hf.training.ladder`):
+The Python API other parts reuse (e.g. the experiments in `hires_hf.experiments`: the demo, compare, the ladder):
 
     corpus = load_default_corpus(max_chars=2_000_000)
     tokenizer = build_tokenizer(corpus.train, vocab_size=512)

@@ -149,6 +149,22 @@ def test_card_parses_and_carries_metadata(hub_folder: Path, model_dir: Path) -> 
     assert f'AutoModelForCausalLM.from_pretrained("{REPO_ID}", trust_remote_code=True)' in card.text
 
 
+def test_card_takes_the_published_models_scores_from_a_hires_hf_eval_file(results_file: Path, tmp_path: Path) -> None:
+    """`hires-hf eval A B --out eval.json` keeps one lm-eval report a model; publishing B reads B's."""
+    report = json.loads(results_file.read_text())
+    other = {"results": {"hellaswag": {"acc,none": 0.25}}}
+    models = tmp_path / "runs"
+    evaluated = tmp_path / "eval.json"
+    evaluated.write_text(json.dumps({"models": {str(models / "control"): other, str(models / "hires"): report}}))
+    config = HiResConfig.from_preset("tiny")
+    card = ModelCard(str(build_model_card(config, REPO_ID, results=evaluated, model=models / "hires")))
+    scores = {(r.task_name, r.metric_type): r.metric_value for r in card.data.eval_results}
+    assert scores["hellaswag", "acc"] == pytest.approx(0.2871)
+    with pytest.raises(HiResUserError, match="holds the results of 2 models") as refused:
+        build_model_card(config, REPO_ID, results=evaluated, model=models / "elsewhere")
+    assert "\n" not in str(refused.value)
+
+
 @pytest.mark.parametrize("preset, is_moe", [("tiny", False), ("tiny-moe", True)], ids=["dense", "moe"])
 def test_card_tags_moe_and_counts_experts(preset: str, is_moe: bool) -> None:
     config = HiResConfig.from_preset(preset)

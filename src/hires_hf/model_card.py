@@ -37,13 +37,16 @@ def provenance(config: HiResConfig) -> tuple[str | None, list[str]]:
     return base_model, [datasets] if isinstance(datasets, str) else list(datasets)
 
 
-def eval_results_from_lm_eval(path: str | Path) -> list[EvalResult]:
-    """model-index entries from an lm-eval results JSON (`simple_evaluate` output or `--output_path` file)."""
+def eval_results_from_lm_eval(path: str | Path, model: str | Path | None = None) -> list[EvalResult]:
+    """model-index entries from an lm-eval results JSON (`simple_evaluate` output or `--output_path` file), or from
+    `hires-hf eval --out`'s file, which holds one such report a model: `model`'s (the folder being published)."""
     path = _results_file(Path(path))
     try:
         report = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise HiResUserError(f"{path} is not valid JSON ({error}); pass the results file lm-eval wrote.") from error
+    if isinstance(report, dict) and isinstance(report.get("models"), dict):
+        report = _model_report(path, report["models"], model)
     if not isinstance(report, dict) or not isinstance(report.get("results"), dict):
         raise HiResUserError(f"{path} has no 'results' mapping; pass the results JSON written by lm-eval.")
     configs, shots = report.get("configs", {}), report.get("n-shot", {})
@@ -71,6 +74,20 @@ def eval_results_from_lm_eval(path: str | Path) -> list[EvalResult]:
     if not entries:
         raise HiResUserError(f"{path} holds no numeric metrics; pass an lm-eval results JSON with scores.")
     return entries
+
+
+def _model_report(path: Path, reports: dict[str, Any], model: str | Path | None) -> Any:
+    """`model`'s report in a `hires-hf eval` file (keyed by the paths or ids it was given); the only one if one."""
+    if len(reports) == 1:
+        return next(iter(reports.values()))
+    wanted = Path(model).resolve() if model is not None else None
+    for name, report in reports.items():
+        if wanted is not None and Path(name).resolve() == wanted:
+            return report
+    raise HiResUserError(
+        f"{path} holds the results of {len(reports)} models ({', '.join(reports)}) and none is {model}; "
+        "evaluate the published folder alone (hires-hf eval FOLDER --out FILE) or pass lm-eval's own results file."
+    )
 
 
 def _results_file(path: Path) -> Path:
@@ -195,12 +212,14 @@ def build_model_card(
     base_model: str | None = None,
     datasets: list[str] | None = None,
     results: str | Path | None = None,
+    model: str | Path | None = None,
 ) -> ModelCard:
-    """The whole card; arguments left as None fall back to what the config recorded (see module docstring)."""
+    """The whole card; arguments left as None fall back to what the config recorded (see module docstring).
+    `model` is the folder being published: it picks its scores out of a `hires-hf eval` file of several models."""
     recorded_base, recorded_datasets = provenance(config)
     base_model = base_model or recorded_base
     datasets = datasets or recorded_datasets
-    eval_results = eval_results_from_lm_eval(results) if results is not None else []
+    eval_results = eval_results_from_lm_eval(results, model) if results is not None else []
     data = card_data(
         config,
         repo_id,

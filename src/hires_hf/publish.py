@@ -154,7 +154,14 @@ def build_hub_folder(
         raise HiResUserError(f"{out} already exists and is not an empty folder; choose a new --dry-run path.")
     config = load_config(str(model_dir))
     card = build_model_card(
-        config, repo_id, revision=revision, license=license, base_model=base_model, datasets=datasets, results=results
+        config,
+        repo_id,
+        revision=revision,
+        license=license,
+        base_model=base_model,
+        datasets=datasets,
+        results=results,
+        model=model_dir,
     )
     tokenizer_source = _tokenizer_source(model_dir, tokenizer)
     with staged_folder(out) as staging:  # replaces `out` only if it is an empty folder (checked above)

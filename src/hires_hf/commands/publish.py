@@ -39,7 +39,11 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--dry-run", metavar="OUT", help="write the folder the Hub would receive to OUT; upload nothing"
     )
-    parser.add_argument("--results", metavar="FILE", help="lm-eval results JSON (or its output folder) for model-index")
+    parser.add_argument(
+        "--results",
+        metavar="FILE",
+        help="lm-eval results JSON (or its output folder), or hires-hf eval --out's file, for model-index",
+    )
     parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder, if not inside MODEL")
     parser.add_argument("--license", help="licence id for the card (e.g. apache-2.0); default 'other'")
     parser.add_argument("--base-model", help="Hub id of the checkpoint this was converted from (else from config)")

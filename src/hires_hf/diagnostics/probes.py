@@ -178,7 +178,7 @@ def attention_entropy(model: nn.Module, input_ids: torch.Tensor) -> list[float]:
 
 # Below this share of the uniform's entropy in every layer, each query attends to one token and the loss stalls at
 # the bigram level (docs/stability.md, "A second stall"). On the ladder's 96x12 runs the collapsed ones had every
-# layer below 0.10 by step 100; the healthy ones kept their most spread layer above 0.7 all along.
+# layer below 0.15 by step 100 (0.10 at most by step 150); the healthy ones kept their most spread layer above 0.7.
 COLLAPSED_ENTROPY = 0.15
 
 

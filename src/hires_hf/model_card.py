@@ -80,10 +80,11 @@ def _model_report(path: Path, reports: dict[str, Any], model: str | Path | None)
     """`model`'s report in a `hires-hf eval` file (keyed by the paths or ids it was given); the only one if one."""
     if len(reports) == 1:
         return next(iter(reports.values()))
-    wanted = Path(model).resolve() if model is not None else None
-    for name, report in reports.items():
-        if wanted is not None and Path(name).resolve() == wanted:
-            return report
+    if model is not None:
+        wanted = Path(model).resolve()
+        for name, report in reports.items():
+            if Path(name).resolve() == wanted:
+                return report
     raise HiResUserError(
         f"{path} holds the results of {len(reports)} models ({', '.join(reports)}) and none is {model}; "
         "evaluate the published folder alone (hires-hf eval FOLDER --out FILE) or pass lm-eval's own results file."

@@ -91,6 +91,28 @@ def test_a_stopped_ladder_trains_nothing_twice(fake_ladder):
     assert len(trained) > count
 
 
+def test_a_run_another_worker_finished_since_the_plan_was_read_is_not_trained_again(fake_ladder, monkeypatch):
+    """Between reading the open runs and claiming one, another worker may finish that run and release its claim:
+    the claim is free again, and only the store can tell it is done (six workers on one GPU trained a run twice)."""
+    ladder, trained = fake_ladder
+    real_open_runs = ladder_module.open_runs
+    raced = {}
+
+    def stale_open_runs(ladder_, stages):
+        plans = real_open_runs(ladder_, stages)
+        if not raced and plans:  # the other worker, with its own store on the same folder, ends the first run now
+            first = plans[0]
+            raced["key"] = first.key
+            ladder_module.execute(first, ladder_.data, store=RunStore(ladder_.store.folder))
+        return plans
+
+    monkeypatch.setattr(ladder_module, "open_runs", stale_open_runs)
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    assert [plan.key for plan in trained].count(raced["key"]) == 1  # the other worker's, and no second
+    assert len({plan.key for plan in trained}) == len(trained)
+    assert not list((ladder.store.folder / "claims").iterdir())  # the claim taken and found done was let go
+
+
 def test_a_worker_on_a_held_machine_starts_no_run_after_its_time(fake_ladder, monkeypatch):
     """On a machine held for a fixed time, a worker finishes the run in hand and then stops claiming: the runs it
     did not start stay open for the next worker instead of being lost half-trained."""

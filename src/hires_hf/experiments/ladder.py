@@ -510,6 +510,18 @@ def _alive(path: Path) -> bool:
     return True
 
 
+def take(ladder: Ladder, plan: RunPlan) -> bool:
+    """Claim a planned run that is still not stored. Another worker may have finished it, and released its claim,
+    since the plan was read: the claim alone would let a run be trained twice (seen with six workers on one GPU)."""
+    if not claim(ladder.store, plan.key):
+        return False
+    ladder.store.refresh()
+    if ladder.store.get(plan.key) is None:
+        return True
+    release(ladder.store, plan.key)
+    return False
+
+
 def release(store: RunStore, key: str) -> None:
     (store.folder / "claims" / key).unlink(missing_ok=True)
 
@@ -545,7 +557,7 @@ def run_stages(
         open_plans = [plan for plan in open_runs(ladder, stages) if finishes_by(ladder, plan, claim_until)]
         if not open_plans:
             return trained
-        plan = next((p for p in open_plans if claim(ladder.store, p.key)), None)
+        plan = next((p for p in open_plans if take(ladder, p)), None)
         if plan is None:
             time.sleep(poll_seconds)  # every open run is held by another worker (a wait costs a re-plan: cheap)
             continue

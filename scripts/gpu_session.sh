@@ -5,8 +5,8 @@
 #   stability: the stability grid at d=512, L=16 (docs/stability.md), HiRes vs its twin over peak learning
 #              rates, and the old default (vanilla-scale embedding) at 1e-3 and 2e-3: does the stall reproduce?
 #   ladder:    the compute ladder on the GPU (`hires-hf ladder --device cuda`, LADDER_WORKERS processes sharing
-#              the GPU: one process training a model this small should leave it waiting on kernel launches; not
-#              measured yet), a cross-check of the CPU ladder. Resumable: it starts from the runs committed under
+#              the GPU: six kept one H200 99-100% busy, 30 runs of rungs 1-2 in 12 minutes), a ladder of its own
+#              beside the CPU's (the GPU machine's corpus). Resumable: it starts from the runs committed under
 #              benchmarks/results/ladder_gpu/runs, its workers start no run in the last LADDER_TAIL seconds (a run
 #              cut off would be lost), and the report is written on the GPU machine (the runs' data is that
 #              machine's own Python sources).
@@ -16,7 +16,8 @@
 # Usage: OUT=runs/gpu scripts/gpu_session.sh
 #   PHASES=stability|ladder runs one of them; STAB_STEPS, STAB_LRS, STAB_ARCHS, LADDER_STAGES, LADDER_WORKERS,
 #   LADDER_ARGS and MAX_CHARS shrink them to fit less GPU time; SMOKE=1 runs seconds-long versions (DEVICE=cpu:
-#   the ladder's on this machine's CPU, to try the script without a GPU).
+#   the ladder's on this machine's CPU, to try the script without a GPU). WORK=<the folder env.txt names>, on a
+#   machine still up from an earlier call, goes on from that call's runs and prepared data.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu}"
@@ -32,6 +33,7 @@ fi
 export PYTHONPATH="$PWD/src:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=true
 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, \
 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))" | tee "$OUT/env.txt"
+echo "work folder: $WORK (WORK=$WORK on this machine goes on from it)" | tee -a "$OUT/env.txt"
 
 pack() {  # pack PHASE: its folder under $WORK as $OUT/PHASE.tar.gz (one file back, however many it holds)
   tar -czf "$OUT/$1.tar.gz" -C "$WORK" "$1" && echo "packed $OUT/$1.tar.gz"

@@ -15,9 +15,9 @@
 # benchmarks/results/ladder_gpu and commit it.
 # Usage: OUT=runs/gpu scripts/gpu_session.sh
 #   PHASES=stability|ladder runs one of them; STAB_STEPS, STAB_LRS, STAB_ARCHS, LADDER_STAGES, LADDER_WORKERS,
-#   LADDER_ARGS and MAX_CHARS shrink them to fit less GPU time; SMOKE=1 runs seconds-long versions (DEVICE=cpu:
-#   the ladder's on this machine's CPU, to try the script without a GPU). WORK=<the folder env.txt names>, on a
-#   machine still up from an earlier call, goes on from that call's runs and prepared data.
+#   LADDER_SEEDS, LADDER_ARGS and MAX_CHARS shrink them to fit less GPU time; SMOKE=1 runs seconds-long versions
+#   (DEVICE=cpu: the ladder's on this machine's CPU, to try the script without a GPU). WORK=<the folder env.txt
+#   names>, on a machine still up from an earlier call, goes on from that call's runs and prepared data.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu}"
@@ -71,7 +71,10 @@ if [[ " $PHASES " == *" ladder "* ]]; then
   [ -z "${SMOKE:-}" ] && cp benchmarks/results/ladder_gpu/runs/*.json "$WORK/ladder/runs/" 2>/dev/null
   # its corpus record: a GPU image whose packages moved is refused rather than starting the ladder over
   [ -z "${SMOKE:-}" ] && cp benchmarks/results/ladder_gpu/corpus*.* "$WORK/ladder/" 2>/dev/null
-  ladder=(-m hires_hf.cli ladder --device "$DEVICE" --out "$WORK/ladder" --quiet ${LADDER_ARGS:-})
+  # three seeds at each best rate: two runs of one seed on the GPU ended 0.033 nats apart (its kernels are not
+  # deterministic), and a run there costs a minute or two
+  ladder=(-m hires_hf.cli ladder --device "$DEVICE" --out "$WORK/ladder" --quiet --seeds "${LADDER_SEEDS:-3}"
+          ${LADDER_ARGS:-})
   [ -n "${SMOKE:-}" ] && ladder+=(--smoke)
   seconds="${LADDER_SECONDS:-420}"  # whole seconds; with the start, the report and the packing, one 10-minute call
   minutes=$(awk -v s="$seconds" -v tail="${LADDER_TAIL:-150}" 'BEGIN { print (s - tail) / 60 }')

@@ -1,7 +1,7 @@
 """The compute ladder and the run store under it: what a researcher resuming a days-long ladder relies on.
 
 Every stage is a plan over stored runs: brackets are extended until the best rate is inside, every arm gets a
-second seed at its best rate below the top, the top rung starts from the rate carried over and seeds the control
+second seed at its best rate below the top, the top rung starts from the rate carried over and seeds the vanillas
 and the best HiRes, a stopped ladder trains nothing twice, a dead worker's claim is taken over, and a changed
 default can never reuse a stored cell.
 """
@@ -79,7 +79,22 @@ def test_every_stage_brackets_carries_over_and_seeds_the_two_that_matter(fake_la
         steps = [math.log(r / best) / math.log(SQRT2) for r in rates]
         assert all(abs(step - round(step)) < 1e-3 for step in steps), rates  # on the sqrt(2) grid
     seeded = {(p.arm.name, p.settings.learning_rate) for p in top if p.settings.seed == 1}
-    assert seeded == {("control", OPTIMA["control"][0]), ("hires", OPTIMA["hires"][0])}
+    vanillas = {("control", OPTIMA["control"][0]), ("plain-twin", OPTIMA["plain-twin"][0])}
+    assert seeded == vanillas | {("hires", OPTIMA["hires"][0])}  # either vanilla can be the top's baseline
+
+
+def test_more_seeds_where_runs_are_cheap_are_trained_at_every_best_and_all_reported(fake_ladder):
+    """`--seeds 3` (a GPU's noisier runs): three seeds at each arm's best rate below the top, and at the top for
+    both vanillas and the best HiRes; the report's means and spreads are over all of them."""
+    ladder, _ = fake_ladder
+    ladder.settings = replace(ladder.settings, rung_seeds=3, top_seeds=3)
+    run_stages(ladder, ["grid", "top"], progress=False, log=lambda line: None)
+    summary = summarize(ladder)
+    for rung in summary["rungs"][:-1]:
+        assert {name: cell["seeds"] for name, cell in rung["arms"].items()} == dict.fromkeys(ladder.settings.arms, 3)
+    top = summary["rungs"][-1]["arms"]
+    assert {name: cell["seeds"] for name, cell in top.items()} == {"control": 3, "plain-twin": 3, "hires": 3}
+    assert top["hires"]["seed_spread"] == pytest.approx(2 * ladder.seed_effect["nats"])
 
 
 def test_a_stopped_ladder_trains_nothing_twice(fake_ladder):

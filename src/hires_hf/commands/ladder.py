@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import HiResUserError
 from ..experiments.ladder import (
+    MOST_SEEDS,
     STAGES,
     LadderSettings,
     check_corpus_environment,
@@ -50,6 +51,7 @@ def cache_dir() -> Path:
 def settings_of(args: argparse.Namespace) -> LadderSettings:
     settings = LadderSettings.smoke() if args.smoke else LadderSettings()
     changes = {"device": args.device, "precision": args.precision, "compile": args.compile}
+    changes |= {"rung_seeds": args.seeds, "top_seeds": args.seeds}
     return replace(settings, **{k: v for k, v in changes.items() if v is not None})
 
 
@@ -61,6 +63,8 @@ def run_ladder(args: argparse.Namespace) -> int:
         raise HiResUserError(f"Unknown stage(s) {unknown}; choose from {', '.join(STAGES)}.")
     if args.workers < 1:
         raise HiResUserError(f"--workers {args.workers}: give at least 1 worker process.")
+    if args.seeds is not None and not 1 <= args.seeds <= MOST_SEEDS:
+        raise HiResUserError(f"--seeds {args.seeds}: give 1 to {MOST_SEEDS} seeds at each best rate.")
     claim_until = claim_deadline(args)
     settings = settings_of(args)
     set_threads(args.threads)
@@ -125,9 +129,10 @@ def worker_command(args: argparse.Namespace, threads: int, claim_until: float) -
     """The `hires-hf ladder` line of one of `--workers`' processes: these settings, one worker, no progress bar."""
     command = [sys.executable, "-m", "hires_hf.cli", "ladder", "--stages", *args.stages, "--out", str(args.out)]
     command += ["--threads", str(threads), "--quiet"] + (["--smoke"] if args.smoke else [])
-    for flag, value in (("--device", args.device), ("--precision", args.precision), ("--compile", args.compile)):
+    options = (("--device", args.device), ("--precision", args.precision), ("--compile", args.compile))
+    for flag, value in (*options, ("--seeds", args.seeds)):
         if value is not None:
-            command += [flag, value]
+            command += [flag, str(value)]
     return command + ([] if math.isinf(claim_until) else ["--claim-until", repr(claim_until)])
 
 
@@ -164,6 +169,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "--precision", choices=("auto", "bf16", "fp32"), help=f"default {default(LadderSettings, 'precision')}"
     )
     parser.add_argument("--compile", choices=("auto", "on", "off"), help="default: compile runs that repay it")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        help=f"seeds at each arm's best rate, every rung (default {default(LadderSettings, 'rung_seeds')}; more where "
+        "runs are cheap and noisy, as on a GPU)",
+    )
     parser.add_argument(
         "--claim-for",
         type=float,

@@ -13,7 +13,8 @@ FLOPs on the same batches, with the one recipe, bf16 and compiled (`hires_hf.exp
 - `grid`: every arm's rate bracketed (x2 grid, extended) at each rung but the top; at a rung the arms take turns,
   each starting from the rate it carries over; then `rung_seeds` seeds of every arm at its best rate there.
 - `top`: at the top rung, each arm at the rate carried over from the rung below and x sqrt(2) either side
-  (extended by sqrt(2) if the best is at an edge), then a second seed for the control and the best HiRes.
+  (extended by sqrt(2) if the best is at an edge), then `top_seeds` seeds of both vanillas (the baseline is the
+  better of them, and they can be closer than one seed tells) and of the best HiRes.
 `--report` writes the table, fits of loss vs compute per arm, the FLOPs multiplier of the best HiRes over the
 baseline (the better of the control and the plain twin at the top rung) with a bootstrap CI, the gap at each rung,
 `summary.json` and plots.
@@ -68,6 +69,7 @@ from .stalls import Stalled, StallWatch, stalled_run
 
 FLOOR_NATS = 0.02  # the seed spread (max - min) a verdict's runs must stay under
 SQRT2 = math.sqrt(2.0)
+MOST_SEEDS = 8  # seeds a cell can have (`--seeds`): the report looks this far for them
 
 
 @dataclass(frozen=True)
@@ -435,8 +437,8 @@ def top_contenders(ladder: Ladder) -> tuple[list[Arm], dict[str, float]] | None:
 
 
 def top_stage(ladder: Ladder) -> Iterator[RunPlan]:
-    """At the top rung: the carried-over rate and x sqrt(2) either side (extended) for each contender, then the
-    second seeds of the control and the best HiRes."""
+    """At the top rung: the carried-over rate and x sqrt(2) either side (extended) for each contender, then more
+    seeds of both vanillas (either can be the baseline) and of the best HiRes."""
     index, top = len(ladder.rungs) - 1, ladder.rungs[-1]
     contenders = top_contenders(ladder)
     arms = contenders[0] if contenders else [arm for arm in ladder.arms if arm.kind != HIRES]
@@ -452,7 +454,8 @@ def top_stage(ladder: Ladder) -> Iterator[RunPlan]:
     if contenders is None or len(finals) < len(arms):
         return
     hires = [name for name in finals if ladder_arms([name])[0].kind == HIRES]
-    seeded = ["control", min(hires, key=lambda name: finals[name][1])] if hires else ["control"]
+    vanillas = [name for name in finals if name not in hires]
+    seeded = vanillas + ([min(hires, key=lambda name: finals[name][1])] if hires else [])
     for name in seeded:
         arm = ladder_arms([name])[0]
         for seed in range(1, ladder.settings.top_seeds):
@@ -681,6 +684,7 @@ def open_ladder(settings: LadderSettings, folder: Path, cache_dir: Path | None =
 
 __all__ = [
     "FLOOR_NATS",
+    "MOST_SEEDS",
     "STAGES",
     "Ladder",
     "LadderSettings",

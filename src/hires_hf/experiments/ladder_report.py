@@ -26,6 +26,7 @@ from ..training.checkpoint import read_progress
 from .harness import HIRES, Run, bracket_status
 from .ladder import (
     FLOOR_NATS,
+    MOST_SEEDS,
     STAGES,
     Ladder,
     _rates_around,
@@ -64,7 +65,7 @@ def rung_cells(ladder: Ladder, index: int) -> dict[str, dict[str, Any]]:
         if not runs:
             continue
         best = min(runs.values(), key=lambda r: r.final_loss)
-        others = [ladder.stored(arm, rung, [best.lr], seed=seed).get(best.lr) for seed in range(1, 4)]
+        others = [ladder.stored(arm, rung, [best.lr], seed=seed).get(best.lr) for seed in range(1, MOST_SEEDS)]
         seeds = [best, *(r for r in others if r is not None)]
         losses = [r.final_loss for r in seeds]
         cells[arm.name] = {

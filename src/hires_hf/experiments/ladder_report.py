@@ -265,6 +265,7 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
         "budget": budget(ladder),
         "bf16_kernels": kernels(ladder),
         "device": ladder.device.type,
+        "gpus": sorted({gpu for run in ladder.store.runs() if (gpu := (run.machine or {}).get("gpu"))}),
         "commands": list(COMMANDS.get(ladder.device.type, ())),
     }
     for index, rung in enumerate(rungs):
@@ -595,7 +596,9 @@ def _unreached(lengths: list[dict[str, Any]]) -> str:
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    lines = ["# Compute ladder", "", "Commands:", "", "```", *summary["commands"], "```", ""]
+    gpus = summary.get("gpus") or []
+    title = "# Compute ladder" + (f" on one {gpus[0]}" if len(gpus) == 1 else " on GPUs" if gpus else "")
+    lines = [title, "", "Commands:", "", "```", *summary["commands"], "```", ""]
     floor = summary["floor"]
     if floor:
         lengths = ", ".join(

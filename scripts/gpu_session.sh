@@ -6,7 +6,8 @@
 #              rates, and the old default (vanilla-scale embedding) at 1e-3 and 2e-3: does the stall reproduce?
 #   ladder:    the compute ladder on the GPU (`hires-hf ladder --device cuda`, LADDER_WORKERS processes sharing
 #              the GPU: six kept one H200 99-100% busy, 30 runs of rungs 1-2 in 12 minutes), a ladder of its own
-#              beside the CPU's (the GPU machine's corpus). Resumable: it starts from the runs committed under
+#              beside the CPU's (the GPU machine's corpus), then its own noise floor (the control's seed spread
+#              against tokens: its kernels are not deterministic). Resumable: it starts from the runs committed under
 #              benchmarks/results/ladder_gpu/runs, its workers start no run in the last LADDER_TAIL seconds (a run
 #              cut off would be lost), and the report is written on the GPU machine (the runs' data is that
 #              machine's own Python sources).
@@ -78,7 +79,7 @@ if [[ " $PHASES " == *" ladder "* ]]; then
   [ -n "${SMOKE:-}" ] && ladder+=(--smoke)
   seconds="${LADDER_SECONDS:-420}"  # whole seconds; with the start, the report and the packing, one 10-minute call
   minutes=$(awk -v s="$seconds" -v tail="${LADDER_TAIL:-150}" 'BEGIN { print (s - tail) / 60 }')
-  timeout -k 30 "$seconds" "$PY" "${ladder[@]}" --stages ${LADDER_STAGES:-grid top} \
+  timeout -k 30 "$seconds" "$PY" "${ladder[@]}" --stages ${LADDER_STAGES:-grid top floor} \
     --workers "${LADDER_WORKERS:-6}" --claim-for "$minutes" 2>&1 | tee "$OUT/ladder_log.txt" | tail -5
   status "${PIPESTATUS[0]}" ladder
   rm -rf "$WORK/ladder/runs/checkpoints" "$WORK/ladder/runs/claims"

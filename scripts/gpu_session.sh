@@ -8,9 +8,12 @@
 #              the GPU: six kept one H200 99-100% busy, 30 runs of rungs 1-2 in 12 minutes), a ladder of its own
 #              beside the CPU's (the GPU machine's corpus), then its own noise floor (the control's seed spread
 #              against tokens: its kernels are not deterministic). Resumable: it starts from the runs committed under
-#              benchmarks/results/ladder_gpu/runs, its workers start no run in the last LADDER_TAIL seconds (a run
-#              cut off would be lost), and the report is written on the GPU machine (the runs' data is that
-#              machine's own Python sources).
+#              benchmarks/results/ladder_gpu/runs, its workers start only runs expected to end LADDER_TAIL (60)
+#              seconds before the phase does (a run cut off would be lost; a width not timed on the GPU yet is
+#              judged at the nearest timed width's speed), and the report is written on the GPU machine (the runs'
+#              data is that machine's own Python sources). In 15 minutes of one H200: a first call (LADDER_SECONDS
+#              480, ~105 s of it preparing the corpus), then at once a second on the still-warm machine with
+#              WORK=<the folder env.txt names> (LADDER_SECONDS 240).
 # Each phase's results are one archive ($OUT/<phase>.tar.gz) beside its log ($OUT/<phase>_log.txt), so that a
 # handful of files are copied back however many runs a phase trains. Unpack the ladder's into
 # benchmarks/results/ladder_gpu and commit it.
@@ -78,7 +81,7 @@ if [[ " $PHASES " == *" ladder "* ]]; then
           ${LADDER_ARGS:-})
   [ -n "${SMOKE:-}" ] && ladder+=(--smoke)
   seconds="${LADDER_SECONDS:-420}"  # whole seconds; with the start, the report and the packing, one 10-minute call
-  minutes=$(awk -v s="$seconds" -v tail="${LADDER_TAIL:-150}" 'BEGIN { print (s - tail) / 60 }')
+  minutes=$(awk -v s="$seconds" -v tail="${LADDER_TAIL:-60}" 'BEGIN { print (s - tail) / 60 }')
   timeout -k 30 "$seconds" "$PY" "${ladder[@]}" --stages ${LADDER_STAGES:-grid top floor} \
     --workers "${LADDER_WORKERS:-6}" --claim-for "$minutes" 2>&1 | tee "$OUT/ladder_log.txt" | tail -5
   status "${PIPESTATUS[0]}" ladder

@@ -564,7 +564,8 @@ def test_another_environments_python_sources_are_refused_before_they_retire_ever
 def test_a_worker_on_a_machine_held_for_a_fixed_time_starts_only_the_runs_it_can_finish(fake_ladder):
     """On a machine held for a session, a run that cannot end before the machine goes back loses its progress: a
     worker skips it, judging its time from the speed stored runs measured on this machine at its width and from how
-    far its checkpoint already got, and still starts a run at a width not timed yet."""
+    far its checkpoint already got; a run at a width not timed yet at the nearest width's speed (the top rung's
+    first runs on a GPU would otherwise start with minutes left and be cut off)."""
 
     from hires_hf.experiments.ladder import expected_seconds
 
@@ -586,6 +587,11 @@ def test_a_worker_on_a_machine_held_for_a_fixed_time_starts_only_the_runs_it_can
     assert expected_seconds(ladder, plan) == pytest.approx(1 - (3 * steps // 4) / steps)  # what is left of it
     run_stages(ladder, ["grid"], progress=False, log=lambda line: None, claim_until=time.time() + 0.5)
     assert [p.key for p in trained] == [plan.key]  # three quarters done: the rest fits
+
+    top, below = ladder.rungs[-1], ladder.rungs[-2]  # the top's width is not timed yet: the rung below's speed
+    assert not any(r.spec["budget"]["flops"] == top.flops for r in ladder.store.runs())
+    top_plan = ladder.plan(ladder_arms_by_name(ladder)["control"], top, control.lr, 0)
+    assert expected_seconds(ladder, top_plan) == pytest.approx(top.flops / below.flops)
 
     for run in ladder.store.runs():  # no run has been timed on this machine: every run gets its chance
         ladder.store.put(replace(run, machine={"cpu": "another machine"}))

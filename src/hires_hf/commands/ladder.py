@@ -180,7 +180,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         metavar="MINUTES",
         help="a machine held this many minutes: start only runs expected to finish in them (at the speed stored runs "
-        "measured here at their width), none after them; the run in hand finishes",
+        "measured here at their width, else the nearest width timed here), none after them; the run in hand finishes",
     )
     parser.add_argument("--claim-until", type=float, help=argparse.SUPPRESS)  # --workers' deadline, time.time()
     parser.add_argument(

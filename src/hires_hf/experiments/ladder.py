@@ -615,16 +615,16 @@ def finishes_by(ladder: Ladder, plan: RunPlan, deadline: float) -> bool:
 
 def expected_seconds(ladder: Ladder, plan: RunPlan) -> float | None:
     """What is left of `plan` (past its checkpoint) at the median speed, in counted FLOPs a second, of the stored
-    runs that trained on this machine at its width; None before one has."""
+    runs that trained on this machine at its width, else at the nearest width timed here (a GPU runs a wider model
+    at more FLOPs a second, so this errs long); None before any run has trained here."""
     here, width = machine(plan.spec), plan.shape.hidden_size
-    speeds = [
-        run.spec["budget"]["flops"] / run.seconds
-        for run in ladder.store.runs()
-        if run.machine == here and run.spec["config"]["hidden_size"] == width
-        if run.seconds > 0 and not run.diverged and run.stalled is None
-    ]
-    if not speeds:
+    by_width: dict[int, list[float]] = {}
+    for run in ladder.store.runs():
+        if run.machine == here and run.seconds > 0 and not run.diverged and run.stalled is None:
+            by_width.setdefault(run.spec["config"]["hidden_size"], []).append(run.spec["budget"]["flops"] / run.seconds)
+    if not by_width:
         return None
+    speeds = by_width.get(width) or by_width[min(by_width, key=lambda timed: (abs(timed - width), timed))]
     progress = read_progress(ladder.store.checkpoint(plan.key))
     left = 1.0 - (progress["step"] / plan.settings.steps if progress else 0.0)
     return left * plan.budget.flops / statistics.median(speeds)

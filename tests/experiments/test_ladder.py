@@ -59,7 +59,7 @@ def fake_ladder(tmp_path, monkeypatch, smoke_settings):
     return ladder, trained
 
 
-def test_every_stage_brackets_carries_over_and_seeds_the_two_that_matter(fake_ladder):
+def test_every_stage_brackets_carries_over_and_seeds_the_arms_that_matter(fake_ladder):
     ladder, trained = fake_ladder
     run_stages(ladder, ["grid", "top"], progress=False, log=lambda line: None)
     rungs = ladder.rungs

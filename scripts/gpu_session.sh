@@ -12,8 +12,10 @@
 #              seconds before the phase does (a run cut off would be lost; a width not timed on the GPU yet is
 #              judged at the nearest timed width's speed), and the report is written on the GPU machine (the runs'
 #              data is that machine's own Python sources). In 15 minutes of one H200: a first call (LADDER_SECONDS
-#              480, ~105 s of it preparing the corpus), then at once a second on the still-warm machine with
-#              WORK=<the folder env.txt names> (LADDER_SECONDS 240).
+#              480, ~105 s of it preparing the corpus); unpack its archive into benchmarks/results/ladder_gpu; then a
+#              second (LADDER_SECONDS 240), which goes on from those runs. WORK=<the folder env.txt names> also
+#              saves the corpus if the machine is still up; it may not be (a 30-second idle wait once sent it back,
+#              and the second call, without the first's runs, trained 9 of them again).
 # Each phase's results are one archive ($OUT/<phase>.tar.gz) beside its log ($OUT/<phase>_log.txt), so that a
 # handful of files are copied back however many runs a phase trains. Unpack the ladder's into
 # benchmarks/results/ladder_gpu and commit it.

@@ -696,3 +696,30 @@ def test_an_arm_with_a_first_rung_centre_starts_its_grid_there(fake_ladder):
 
     assert rates("hires") == [8e-3, 1.6e-2, 3.2e-2]  # its best (1.6e-2) inside at once: three runs
     assert set(ladder.settings.rates) <= set(rates("control"))
+
+
+def test_a_rate_the_plan_skips_is_trained_once_by_hand_and_shown_in_its_rungs_grid(fake_ladder, capsys):
+    """`--cell`: a bracket assumes one minimum, so a researcher checks a rate past it by hand. The run is stored
+    under the key the plan would give it (trained once, whoever asks again), and the report's grid shows it."""
+    from hires_hf.cli import main
+
+    ladder, trained = fake_ladder
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    rung = ladder.rungs[0]
+    tried = summarize(ladder)["rungs"][0]["arms"]["hires"]["grid"]
+    below = min(float(lr) for lr in tried) / 2  # past the low side of a finished bracket: the plan never asks for it
+    assert not any(p.arm.name == "hires" and math.isclose(p.settings.learning_rate, below) for p in trained)
+    count = len(trained)
+
+    cell = ["ladder", "--smoke", "--out", str(ladder.store.folder.parent), "--quiet", "--cell", "hires", rung.name]
+    assert main([*cell, f"{below:g}"]) == 0
+    assert len(trained) == count + 1 and trained[-1].key == ladder.plan(ladder.arms[2], rung, below).key
+    assert main([*cell, f"{below:g}"]) == 0 and len(trained) == count + 1  # stored: reported, not trained again
+    assert f"{trained[-1].settings.learning_rate:g}" in capsys.readouterr().out
+    ladder.store.refresh()
+    assert any(math.isclose(float(lr), below) for lr in summarize(ladder)["rungs"][0]["arms"]["hires"]["grid"])
+
+    assert main([*cell[:-1], "99x9", "1e-3"]) == 2  # a rung the ladder has not: one line that lists those it has
+    error = capsys.readouterr().err.strip()
+    assert "99x9" in error and rung.name in error and len(error.splitlines()) == 1
+    assert len(trained) == count + 1

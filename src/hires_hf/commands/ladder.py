@@ -2,6 +2,7 @@
 
     hires-hf ladder --workers 2      # two worker processes share the runs (all stages; stop and start at will)
     hires-hf ladder --report         # table, fits, summary.json, plots
+    hires-hf ladder --cell hires 64x12 8e-3   # one run the plan skips (a rate outside a bracket), counted by the report
 
 The work is in `hires_hf.experiments.ladder`; results go to benchmarks/results/ladder/ in a checkout (--out).
 """
@@ -23,13 +24,17 @@ from ..errors import HiResUserError
 from ..experiments.ladder import (
     MOST_SEEDS,
     STAGES,
+    Ladder,
     LadderSettings,
+    cell_plan,
     check_corpus_environment,
     check_enough_data,
     open_ladder,
     open_runs,
     record_corpus,
+    run_label,
     run_stages,
+    train_cell,
 )
 from ..training.bf16_emulation import emulated_bf16, needs_emulation
 from . import default, set_threads
@@ -76,6 +81,9 @@ def run_ladder(args: argparse.Namespace) -> int:
     emulate = needs_emulation(settings.device, ladder.precision)
     if emulate and not args.quiet:
         print(EMULATION_NOTE, file=sys.stderr)
+    if args.cell:
+        with emulated_bf16() if emulate else nullcontext():
+            return run_cell(args, ladder)
     if args.workers > 1:
         return run_workers(args, claim_until)
     with emulated_bf16() if emulate else nullcontext():
@@ -85,6 +93,19 @@ def run_ladder(args: argparse.Namespace) -> int:
     if left and not math.isinf(claim_until):
         state = f"{state}, none of them expected to finish by {time.strftime('%H:%M:%S', time.localtime(claim_until))}"
     print(f"Stages {' '.join(args.stages)} {state} ({len(trained)} runs trained by this worker) in {args.out}.")
+    return 0
+
+
+def run_cell(args: argparse.Namespace, ladder: Ladder) -> int:
+    """Train one run outside the stages' plan (`--cell`), or say its stored result."""
+    arm, rung, lr = args.cell
+    try:
+        rate = float(lr)
+    except ValueError:
+        raise HiResUserError(f"--cell {' '.join(args.cell)}: LR is a number, e.g. --cell hires 64x12 8e-3.") from None
+    plan = cell_plan(ladder, arm, rung, rate, args.cell_seed)
+    run = train_cell(ladder, plan, progress=not args.quiet)
+    print(f"{run_label(ladder, plan)}: {run.final_loss:.4f} (stored in {ladder.store.folder}).")
     return 0
 
 
@@ -191,4 +212,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--threads", type=int, help="torch CPU threads (one per worker when two share 2 cores)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--cell",
+        nargs=3,
+        metavar=("ARM", "RUNG", "LR"),
+        help="train this one run instead of the stages (a rate the plan skips; its key is the plan's, so the report "
+        "shows it in its rung's grid); a run already stored is only reported",
+    )
+    parser.add_argument("--cell-seed", type=int, default=0, help="the --cell run's seed (default 0)")
     parser.set_defaults(func=run_ladder)

@@ -576,6 +576,41 @@ def run_stages(
         )
 
 
+def cell_plan(ladder: Ladder, arm: str, rung: str, lr: float, seed: int = 0) -> RunPlan:
+    """One run named by hand (`hires-hf ladder --cell`): a rate the stages' plan skips, under the key the plan would
+    give it, so that the report counts it wherever its rung's grid reaches (a bracket's one-minimum assumption is
+    checked this way)."""
+    rungs = {r.name: r for r in ladder.rungs}
+    if rung not in rungs:
+        raise HiResUserError(f"No rung {rung!r} in this ladder; choose from {', '.join(rungs)}.")
+    if not (math.isfinite(lr) and lr > 0):
+        raise HiResUserError(f"Learning rate {lr}: give a positive number, e.g. 8e-3.")
+    if not 0 <= seed < MOST_SEEDS:
+        raise HiResUserError(f"Seed {seed}: give 0 to {MOST_SEEDS - 1} (the report reads that many a cell).")
+    return ladder.plan(ladder_arms([arm])[0], rungs[rung], tidy_rate(lr), seed)
+
+
+def train_cell(ladder: Ladder, plan: RunPlan, progress: bool = True) -> Run:
+    """The stored run of `plan`, trained first (from its checkpoint, if it has one) unless it is stored already."""
+    ladder.store.refresh()
+    stored = ladder.store.get(plan.key)
+    if stored is not None:
+        return stored
+    if not take(ladder, plan):
+        ladder.store.refresh()
+        stored = ladder.store.get(plan.key)
+        if stored is not None:
+            return stored
+        raise HiResUserError(
+            f"{run_label(ladder, plan)} is being trained by another worker (claim {plan.key}); wait for it."
+        )
+    say(start_line(ladder, plan))
+    try:
+        return _train(ladder, plan, progress)
+    finally:
+        release(ladder.store, plan.key)
+
+
 def start_line(ladder: Ladder, plan: RunPlan) -> str:
     """What a worker says as it takes a run: which, from where, and when it should end (a worker is otherwise silent
     for the hours a run takes)."""

@@ -12,10 +12,13 @@
 #              seconds before the phase does (a run cut off would be lost; a width not timed on the GPU yet is
 #              judged at the nearest timed width's speed), and the report is written on the GPU machine (the runs'
 #              data is that machine's own Python sources). In 15 minutes of one H200: a first call (LADDER_SECONDS
-#              480, ~105 s of it preparing the corpus); unpack its archive into benchmarks/results/ladder_gpu; then a
+#              480, ~105 s of it preparing the corpus; 540 with LADDER_TAIL 45 once the top rung is next, whose runs
+#              take ~6 minutes with six at once); unpack its archive into benchmarks/results/ladder_gpu; then a
 #              second (LADDER_SECONDS 240), which goes on from those runs. WORK=<the folder env.txt names> also
 #              saves the corpus if the machine is still up; it may not be (a 30-second idle wait once sent it back,
-#              and the second call, without the first's runs, trained 9 of them again).
+#              and the second call, without the first's runs, trained 9 of them again). After the top rung: the
+#              floor, then bf16 against fp32 (the precision stage; the GPU's controls stalled where the CPU's never
+#              did, and fp32 is one suspect).
 # Each phase's results are one archive ($OUT/<phase>.tar.gz) beside its log ($OUT/<phase>_log.txt), so that a
 # handful of files are copied back however many runs a phase trains. Unpack the ladder's into
 # benchmarks/results/ladder_gpu and commit it.
@@ -84,7 +87,7 @@ if [[ " $PHASES " == *" ladder "* ]]; then
   [ -n "${SMOKE:-}" ] && ladder+=(--smoke)
   seconds="${LADDER_SECONDS:-420}"  # whole seconds; with the start, the report and the packing, one 10-minute call
   minutes=$(awk -v s="$seconds" -v tail="${LADDER_TAIL:-60}" 'BEGIN { print (s - tail) / 60 }')
-  timeout -k 30 "$seconds" "$PY" "${ladder[@]}" --stages ${LADDER_STAGES:-grid top floor} \
+  timeout -k 30 "$seconds" "$PY" "${ladder[@]}" --stages ${LADDER_STAGES:-grid top floor precision} \
     --workers "${LADDER_WORKERS:-6}" --claim-for "$minutes" 2>&1 | tee "$OUT/ladder_log.txt" | tail -5
   status "${PIPESTATUS[0]}" ladder
   rm -rf "$WORK/ladder/runs/checkpoints" "$WORK/ladder/runs/claims"

@@ -723,3 +723,23 @@ def test_a_rate_the_plan_skips_is_trained_once_by_hand_and_shown_in_its_rungs_gr
     error = capsys.readouterr().err.strip()
     assert "99x9" in error and rung.name in error and len(error.splitlines()) == 1
     assert len(trained) == count + 1
+
+
+def test_a_stalled_seed_is_shown_but_not_counted_as_seed_noise_in_the_multipliers_interval(fake_ladder):
+    """One stalled control seed on one H200 made the fit's seed noise 0.55 nats a point and the multiplier's 95%
+    interval 0-19,000: a reader got no interval at all. The stall stays in its cell (its rate's risk), not in the
+    noise."""
+    ladder, _ = fake_ladder
+    ladder.seed_effect["nats"] = 0.01
+    run_stages(ladder, ["grid", "top"], progress=False, log=lambda line: None)
+    before = summarize(ladder)["fit"]
+    key = summarize(ladder)["rungs"][0]["arms"]["control"]["keys"][1]
+    stalled = ladder.store.get(key)
+    ladder.store.put(replace(stalled, final_loss=stalled.final_loss + 1.5))  # a seed a nat and a half above
+
+    summary = summarize(ladder)
+    assert summary["rungs"][0]["arms"]["control"]["seed_spread"] > 1.0  # the cell still shows it
+    after = summary["fit"]
+    assert after["seed_sd"] == pytest.approx(before["seed_sd"], abs=0.01)
+    width = [fit["multiplier"]["ci_high"] / fit["multiplier"]["ci_low"] for fit in (before, after)]
+    assert width[1] < 2 * width[0]

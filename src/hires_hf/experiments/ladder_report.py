@@ -35,7 +35,7 @@ from .ladder import (
     precision_rate,
     top_contenders,
 )
-from .stalls import baseline_at
+from .stalls import STALL_NATS, baseline_at
 
 COMMANDS = {  # how each device's ladder is run, and what one worker of its budget is
     "cpu": (
@@ -349,13 +349,22 @@ def fit(summary: dict[str, Any]) -> dict[str, Any] | None:
 def seed_sd(summary: dict[str, Any]) -> float | None:
     """The pooled seed standard deviation of one run's final loss: over the floor's longest complete length and
     every ladder cell with several seeds (the bootstrap's least noise per point, so that three points that
-    happen to fall on a line do not make the multiplier look certain)."""
+    happen to fall on a line do not make the multiplier look certain). A seed that stalled is a failure of its
+    rate, shown as such, not seed noise: one stalled control on one H200 made the noise 0.55 nats a point and the
+    multiplier's interval 0-19,000."""
     groups = [cell["seed_losses"] for rung in summary["rungs"] for cell in rung["arms"].values()]
     complete = [p["losses"] for p in summary["floor"].get("lengths", []) if p["spread"] is not None]
-    groups = [g for g in [*groups, *complete[-1:]] if len(g) > 1]
+    groups = [g for g in map(without_stalls, [*groups, *complete[-1:]]) if len(g) > 1]
     if not groups:
         return None
     return math.sqrt(statistics.fmean(statistics.variance(g) for g in groups))
+
+
+def without_stalls(losses: list[float]) -> list[float]:
+    """A cell's seed losses less those more than `STALL_NATS` above the cell's median: the stall watch's own margin,
+    applied where it does not watch (the floor's runs have no rung baseline to be held against)."""
+    median = statistics.median(losses)
+    return [loss for loss in losses if loss - median <= STALL_NATS]
 
 
 def _slope(points: list[tuple[float, float]]) -> float | None:

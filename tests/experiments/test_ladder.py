@@ -743,3 +743,25 @@ def test_a_stalled_seed_is_shown_but_not_counted_as_seed_noise_in_the_multiplier
     assert after["seed_sd"] == pytest.approx(before["seed_sd"], abs=0.01)
     width = [fit["multiplier"]["ci_high"] / fit["multiplier"]["ci_low"] for fit in (before, after)]
     assert width[1] < 2 * width[0]
+
+
+def test_a_rung_whose_grid_waits_on_a_reopened_bracket_below_still_shows_its_runs_but_is_not_fitted(fake_ladder):
+    """A better rate found by hand at rung 1 re-opens its bracket, and rung 2's grid is centred on it only once that
+    closes. Meanwhile rung 2's HiRes runs are shown (marked), not dropped from the report, and kept out of the fit."""
+    from hires_hf.experiments.ladder import cell_plan, train_cell
+
+    ladder, _ = fake_ladder
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    before = summarize(ladder)["rungs"][1]["arms"]["hires"]
+    assert before["bracket"] == "bracketed"
+
+    rung = ladder.rungs[0]
+    below = min(float(lr) for lr in summarize(ladder)["rungs"][0]["arms"]["hires"]["grid"]) / 2
+    run = train_cell(ladder, cell_plan(ladder, "hires", rung.name, below), progress=False)
+    ladder.store.put(replace(run, final_loss=run.final_loss - 1.0))  # a second, lower minimum the bracket skipped
+
+    summary = summarize(ladder)
+    assert summary["rungs"][0]["arms"]["hires"]["bracket"] == "low edge"
+    after = summary["rungs"][1]["arms"]["hires"]
+    assert after["bracket"] == "rung below open" and after["grid"] == before["grid"]
+    assert summary["fit"] is None  # no longer two rungs with every arm bracketed

@@ -53,15 +53,19 @@ WORKER = {
 }
 
 
+BELOW_OPEN = "rung below open"  # an arm's grid here is centred once its bracket at the rung below closes
+
+
 def rung_cells(ladder: Ladder, index: int) -> dict[str, dict[str, Any]]:
-    """Per arm at rung `index`: best rate, bracket, loss (mean over seeds at the best rate), seeds and spread."""
+    """Per arm at rung `index`: best rate, bracket, loss (mean over seeds at the best rate), seeds and spread. An arm
+    whose grid here waits on the rung below (a better rate found there re-centres it) shows the runs it has, marked
+    `BELOW_OPEN`, so that they are neither hidden nor fitted."""
     cells = {}
     rung = ladder.rungs[index]
+    tried = sorted({run.lr for run in ladder.store.runs()})
     for arm in ladder.arms:
         grid = ladder.grid(arm, index)
-        if grid is None:
-            continue
-        runs = ladder.stored(arm, rung, _rates_around(*grid))
+        runs = ladder.stored(arm, rung, tried if grid is None else _rates_around(*grid))
         if not runs:
             continue
         best = min(runs.values(), key=lambda r: r.final_loss)
@@ -70,7 +74,7 @@ def rung_cells(ladder: Ladder, index: int) -> dict[str, dict[str, Any]]:
         losses = [r.final_loss for r in seeds]
         cells[arm.name] = {
             "best_lr": best.lr,
-            "bracket": bracket_status({lr: r.final_loss for lr, r in runs.items()}),
+            "bracket": BELOW_OPEN if grid is None else bracket_status({lr: r.final_loss for lr, r in runs.items()}),
             "loss": statistics.fmean(losses),
             "seeds": len(losses),
             "seed_losses": losses,

@@ -22,8 +22,24 @@ from hires_hf import configuration_hires
 from hires_hf.experiments import harness
 from hires_hf.experiments import ladder as ladder_module
 from hires_hf.experiments.harness import Arm, Budget, Run, RunStore, Shape, plan_run
-from hires_hf.experiments.ladder import SQRT2, LadderSettings, claim, open_ladder, run_stages, top_grid
-from hires_hf.experiments.ladder_report import budget, budget_table, share_to_reach, summarize, write_report
+from hires_hf.experiments.ladder import (
+    SQRT2,
+    LadderSettings,
+    claim,
+    open_ladder,
+    record_corpus,
+    recorded_data,
+    run_stages,
+    top_grid,
+)
+from hires_hf.experiments.ladder_report import (
+    budget,
+    budget_table,
+    rate_tables,
+    share_to_reach,
+    summarize,
+    write_report,
+)
 from hires_hf.training.bf16_emulation import EMULATED, NATIVE
 
 # Each arm's (made-up) best rate and best loss: final loss is a parabola in log2(rate) around it.
@@ -786,3 +802,28 @@ def test_the_report_reads_the_gap_from_the_seeds_that_did_not_choose_the_rate(fa
     assert f"in {cells} of {cells} cells" in note
     assert f"{rung['shape']} {rung['best_hires']} {hires - baseline:+.4f} against {rung['baseline']}" in note
     assert f"{hires - baseline:+.4f}" != f"{rung['gap']:+.4f}"  # not the seed means' gap the table gives
+
+
+def test_rates_reached_by_different_routes_share_one_column_of_the_rate_table():
+    # 0.01131 / sqrt(2) tidies to 0.007997 and 0.005657 * sqrt(2) to 0.008: one rate, one column
+    arms = {
+        "control": {"grid": {"0.007997": 2.4, "0.01131": 2.435}, "best_lr": 0.007997, "seed_losses": [2.4]},
+        "hires": {"grid": {"0.005657": 2.384, "0.008": 2.4365}, "best_lr": 0.005657, "seed_losses": [2.384]},
+    }
+    lines = rate_tables({"rungs": [{"shape": "128x12", "arms": arms}]})
+    header, rows = lines[2], lines[4:6]
+    assert header.count("| 0.008 |") == 1
+    column = header.split("|").index(" 0.008 ")
+    assert [row.split("|")[column].strip() for row in rows] == ["**2.4000**", "2.4365"]
+
+
+def test_a_folder_trained_on_another_machine_is_reported_from_its_corpus_record(fake_ladder, smoke_settings, tmp_path):
+    # a GPU's folder read here: this machine's corpus has other tokens, so only the record can key its runs
+    ladder, _ = fake_ladder
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    record_corpus(ladder, tmp_path)
+    there = summarize(ladder)["rungs"]
+    here = open_ladder(replace(smoke_settings, max_chars=200_000), tmp_path, progress=False)
+    assert summarize(here)["rungs"] != there
+    read = replace(here, data=recorded_data(tmp_path, here.data), _plans={})
+    assert summarize(read)["rungs"] == there

@@ -205,3 +205,22 @@ def test_precision_auto_is_bf16_exactly_where_bf16_matmuls_are_native():
         resolve_precision(cpu, "fp16")
     assert not should_compile(1e12, cpu) and should_compile(1e15, cpu)
     assert should_compile(1.0, cpu, "on") and not should_compile(1e18, cpu, "off")
+
+
+def test_a_compiled_run_trains_the_forward_its_model_has_after_another_model_in_the_process(blocks):
+    # the control's embedding scale is a forward hook; a compiled plain twin trained first must not lend it its graph
+    from hires_hf.twins import scale_twin_embedding, vanilla_config
+
+    train, valid, special = blocks
+    config = vanilla_config(tiny(special))
+    settings = LoopSettings(steps=1, batch_size=4, learning_rate=1e-3, precision="fp32", compile=True)
+    torch.manual_seed(0)
+    train_loop(AutoModelForCausalLM.from_config(config), train, valid, settings)
+    torch.manual_seed(0)
+    control = AutoModelForCausalLM.from_config(config)
+    scale_twin_embedding(control, 50.0)
+    batch = train[batch_order(train.shape[0], 1, 4, settings.seed)[0]]
+    with torch.no_grad():
+        eager = control(input_ids=batch, labels=batch).loss.item()
+    trained = train_loop(control, train, valid, settings).train_losses[0][1]
+    assert trained == pytest.approx(eager, abs=1e-4)

@@ -32,6 +32,7 @@ from ..experiments.ladder import (
     open_ladder,
     open_runs,
     record_corpus,
+    recorded_data,
     run_label,
     run_stages,
     train_cell,
@@ -169,8 +170,11 @@ def run_ladder_report(args: argparse.Namespace) -> int:
     from ..experiments.ladder_report import write_report
 
     settings = settings_of(args)
-    check_corpus_environment(settings, args.out)
+    if not args.from_record:
+        check_corpus_environment(settings, args.out)
     ladder = open_ladder(settings, args.out, cache_dir(), progress=not args.quiet)
+    if args.from_record:
+        ladder = replace(ladder, data=recorded_data(args.out, ladder.data), _plans={})
     print(write_report(ladder, args.out))
     return 0
 
@@ -183,6 +187,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--stages", nargs="+", default=list(STAGES), help=f"of {', '.join(STAGES)} (default: all)")
     parser.add_argument("--report", action="store_true", help="write table, fits, summary.json and plots instead")
+    parser.add_argument(
+        "--from-record",
+        action="store_true",
+        help="with --report: a folder trained on another machine (a GPU's), read with its corpus record's sizes "
+        "and token hash instead of this machine's corpus",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results folder (default {DEFAULT_OUT})")
     parser.add_argument("--smoke", action="store_true", help="the seconds-long ladder (tests)")
     parser.add_argument("--device", help=f"default {default(LadderSettings, 'device')}")

@@ -326,6 +326,28 @@ def record_corpus(ladder: Ladder, folder: Path) -> None:
         write_text_atomic(folder / CORPUS_REQUIREMENTS, pins)
 
 
+def recorded_data(folder: Path, local: Data) -> Data:
+    """The data a ladder folder's corpus record describes, without its tokens: enough to key, count and report the
+    runs of a folder trained on another machine (whose corpus differs from this one's). Sizes and the token hash
+    come from the record, the tokenizer from `local` (one recipe gives the same special ids)."""
+    record = _read_corpus_record(folder)
+    if record is None:
+        raise HiResUserError(
+            f"{folder} has no {CORPUS_RECORD}: its runs cannot be read without the corpus they trained on."
+        )
+    spec = record["data"]
+    data = Data(
+        train=torch.zeros((), dtype=torch.long).expand(spec["train_blocks"], spec["context"]),
+        validation=torch.zeros((), dtype=torch.long).expand(spec["validation_blocks"], spec["context"]),
+        tokenizer=local.tokenizer,
+        unigram_loss=local.unigram_loss,
+        source=spec["source"],
+        recipe=_recipe(spec),
+    )
+    data.__dict__["spec"] = spec  # the recorded hash: these blocks hold no tokens to hash
+    return data
+
+
 def _recipe(spec: dict[str, Any]) -> dict[str, Any]:
     """What a data spec asks for, without what the text it was read from made of it (sizes, token hash)."""
     return {key: value for key, value in spec.items() if key not in _SIZES}
@@ -668,6 +690,9 @@ def expected_seconds(ladder: Ladder, plan: RunPlan) -> float | None:
 def _train(ladder: Ladder, plan: RunPlan, progress: bool) -> Run:
     """Train a planned run (from its checkpoint, if it has one); a run that stalls is stored as it stands."""
     label = run_label(ladder, plan)
+    # each run compiles its own graphs: a worker that trains many runs would otherwise pass dynamo's recompile
+    # limit (one more graph for each control's embedding hook and each shape) and train on in eager mode
+    torch._dynamo.reset()
     saved = read_progress(ladder.store.checkpoint(plan.key)) or {"curve": [], "seconds": 0.0}
     watch = StallWatch(plan, ladder.data, baseline_curve(ladder, plan), saved["curve"])
     start = time.perf_counter()
@@ -733,5 +758,6 @@ __all__ = [
     "open_runs",
     "precision_rate",
     "record_corpus",
+    "recorded_data",
     "run_stages",
 ]

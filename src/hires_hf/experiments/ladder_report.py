@@ -546,14 +546,22 @@ def plot_traces(ladder: Ladder, summary: dict[str, Any], path: Path) -> Path:
     return save_figure(figure, path)
 
 
-def _grid_entry(cell: dict[str, Any], lr: float) -> str:
-    """One arm's loss at `lr` in the rate table: blank off its grid, bold at its best, then its other seeds."""
-    grid = {float(rate): loss for rate, loss in cell["grid"].items()}
-    if lr not in grid:
+def _grid_entry(cell: dict[str, Any], column: str) -> str:
+    """One arm's loss in the rate table's `column` (a rate as printed): blank off its grid, bold at its best, then
+    its other seeds."""
+    grid = {rate_label(float(rate)): (float(rate), loss) for rate, loss in cell["grid"].items()}
+    if column not in grid:
         return ""
+    lr, loss = grid[column]
     if not math.isclose(lr, cell["best_lr"], rel_tol=1e-6):
-        return f"{grid[lr]:.4f}"
-    return f"**{grid[lr]:.4f}**" + "".join(f" / {loss:.4f}" for loss in cell["seed_losses"][1:])
+        return f"{loss:.4f}"
+    return f"**{loss:.4f}**" + "".join(f" / {seed_loss:.4f}" for seed_loss in cell["seed_losses"][1:])
+
+
+def rate_label(lr: float) -> str:
+    """A rate as the tables print it. Rates reached by different routes (0.01131 / sqrt(2) = 0.007997 and 0.008)
+    print alike and so share a column."""
+    return f"{lr:.3g}"
 
 
 def rate_tables(summary: dict[str, Any]) -> list[str]:
@@ -564,12 +572,13 @@ def rate_tables(summary: dict[str, Any]) -> list[str]:
         if not rung["arms"]:
             continue
         rates = sorted({float(lr) for cell in rung["arms"].values() for lr in cell["grid"]})
-        rows = [(name, *(_grid_entry(cell, lr) for lr in rates)) for name, cell in rung["arms"].items()]
+        columns = list(dict.fromkeys(rate_label(lr) for lr in rates))
+        rows = [(name, *(_grid_entry(cell, column) for column in columns)) for name, cell in rung["arms"].items()]
         lines += [
             f"**Rate grid at {rung['shape']}** (final loss at each peak rate, seed 0; the best in bold, then the other "
             "seeds' losses at that rate):",
             "",
-            *markdown_table(["arm", *(f"{lr:.3g}" for lr in rates)], rows, "l" + "r" * len(rates)),
+            *markdown_table(["arm", *columns], rows, "l" + "r" * len(columns)),
             "",
         ]
     return lines

@@ -47,6 +47,11 @@ COMPILES = ("auto", "on", "off")
 # shapes this CPU trains; a d=512 run just above it loses at most ~20 s. On a CPU without bf16 units (fp32;
 # cpu_throughput/avx2) compiling gains 1.06-1.16x and repays itself from 2.4e13-4.7e13: the same threshold serves.
 COMPILE_MIN_FLOPS = 3e13
+# A compiled forward is reused by any later model of the same class and shapes, and by default dynamo does not check
+# module hooks when it reuses one. The control's embedding scale is a forward hook (`scale_twin_embedding`): a
+# control compiled after a plain twin in one process trained without its scale, and was evaluated (eager) with it.
+# With hooks guarded, a model whose hooks differ gets its own graph; nothing else about reuse changes.
+torch._dynamo.config.skip_nnmodule_hook_guards = False
 CHECKPOINT_SECONDS = 300.0  # wall clock between checkpoints of a run that has somewhere to put them
 
 

@@ -40,6 +40,7 @@ from hires_hf.experiments.ladder_report import (
     summarize,
     write_report,
 )
+from hires_hf.experiments.runs import keyed_as, stored_versions
 from hires_hf.training.bf16_emulation import EMULATED, NATIVE
 
 # Each arm's (made-up) best rate and best loss: final loss is a parabola in log2(rate) around it.
@@ -818,12 +819,17 @@ def test_rates_reached_by_different_routes_share_one_column_of_the_rate_table():
 
 
 def test_a_folder_trained_on_another_machine_is_reported_from_its_corpus_record(fake_ladder, smoke_settings, tmp_path):
-    # a GPU's folder read here: this machine's corpus has other tokens, so only the record can key its runs
+    # a GPU's folder read here: this machine's corpus has other tokens and its torch another version, so only the
+    # record and the runs' own versions can key its runs
     ladder, _ = fake_ladder
-    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    there_versions = {"torch": "2.11.0+cu130", "transformers": "5.24.0"}
+    with keyed_as(there_versions):
+        run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+        there = summarize(ladder)["rungs"]
     record_corpus(ladder, tmp_path)
-    there = summarize(ladder)["rungs"]
     here = open_ladder(replace(smoke_settings, max_chars=200_000), tmp_path, progress=False)
-    assert summarize(here)["rungs"] != there
     read = replace(here, data=recorded_data(tmp_path, here.data), _plans={})
-    assert summarize(read)["rungs"] == there
+    assert summarize(read)["rungs"] != there  # this machine's versions key other runs
+    assert stored_versions(tmp_path / "runs") == there_versions
+    with keyed_as(stored_versions(tmp_path / "runs")):
+        assert summarize(replace(read, _plans={}))["rungs"] == there

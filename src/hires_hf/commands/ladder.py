@@ -37,6 +37,7 @@ from ..experiments.ladder import (
     run_stages,
     train_cell,
 )
+from ..experiments.runs import keyed_as, stored_versions
 from ..training.bf16_emulation import emulated_bf16, needs_emulation
 from . import default, set_threads
 
@@ -173,9 +174,12 @@ def run_ladder_report(args: argparse.Namespace) -> int:
     if not args.from_record:
         check_corpus_environment(settings, args.out)
     ladder = open_ladder(settings, args.out, cache_dir(), progress=not args.quiet)
-    if args.from_record:
-        ladder = replace(ladder, data=recorded_data(args.out, ladder.data), _plans={})
-    print(write_report(ladder, args.out))
+    if not args.from_record:
+        print(write_report(ladder, args.out))
+        return 0
+    ladder = replace(ladder, data=recorded_data(args.out, ladder.data), _plans={})
+    with keyed_as(stored_versions(args.out / "runs")):
+        print(write_report(ladder, args.out))
     return 0
 
 

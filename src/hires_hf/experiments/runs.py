@@ -27,7 +27,9 @@ import inspect
 import json
 import platform
 import subprocess
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -36,6 +38,7 @@ from typing import Any
 import torch
 import transformers
 
+from ..errors import HiResUserError
 from ..io import write_json_atomic
 from ..training.bf16_emulation import NATIVE, bf16_kernels
 from ..training.checkpoint import read_progress
@@ -107,8 +110,36 @@ def arm_source(arm: object) -> tuple[str, ...]:
     return () if path is None or Path(path).resolve().parent.parent == PACKAGE else (str(Path(path).resolve()),)
 
 
+_KEYED_AS: list[dict[str, str]] = []  # versions that `keyed_as` puts in place of this machine's
+
+
 def versions() -> dict[str, str]:
+    """The libraries a run trains with (part of its key); those given to `keyed_as` while it is open."""
+    if _KEYED_AS:
+        return dict(_KEYED_AS[-1])
     return {"torch": torch.__version__, "transformers": transformers.__version__}
+
+
+@contextmanager
+def keyed_as(library_versions: dict[str, str]) -> Iterator[None]:
+    """Key runs with another machine's library versions: for reading a folder trained there (a GPU image's torch),
+    never for training here."""
+    _KEYED_AS.append(dict(library_versions))
+    try:
+        yield
+    finally:
+        _KEYED_AS.pop()
+
+
+def stored_versions(folder: Path) -> dict[str, str]:
+    """The library versions most of a run folder's runs were trained with."""
+    counts = Counter(
+        json.dumps(json.loads(path.read_text(encoding="utf-8"))["spec"]["versions"], sort_keys=True)
+        for path in Path(folder).glob("*.json")
+    )
+    if not counts:
+        raise HiResUserError(f"{folder} holds no runs to read.")
+    return json.loads(counts.most_common(1)[0][0])
 
 
 def spec_key(spec: dict[str, Any]) -> str:
@@ -210,4 +241,13 @@ class RunStore:
         return [(trace["first_step"] + i, loss) for i, loss in enumerate(trace["loss"])]
 
 
-__all__ = ["Run", "RunStore", "code_fingerprint", "git_commit", "resolved_config", "spec_key"]
+__all__ = [
+    "Run",
+    "RunStore",
+    "code_fingerprint",
+    "git_commit",
+    "keyed_as",
+    "resolved_config",
+    "spec_key",
+    "stored_versions",
+]

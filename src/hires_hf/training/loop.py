@@ -41,11 +41,12 @@ SCHEDULE = "cosine_with_min_lr"  # transformers' scheduler name, in the loop and
 PRECISIONS = ("auto", "bf16", "fp32")
 COMPILES = ("auto", "on", "off")
 # `torch.compile` pays when the run is long. On these CPUs (benchmarks/results/cpu_throughput) a first model of a
-# shape compiles in 17-27 s, a second one of the same shape in the same process in 1-7 s (the graph is reused),
-# and compiled runs train 1.08-1.42x faster than bf16 eager: compiling repays itself from 1.2e13-1.8e13 counted
-# FLOPs a run at d=128, 4.4e13-9.8e13 at d=256 and 0.8e14-1.4e14 at d=512. The threshold sits among the small
-# shapes this CPU trains; a d=512 run just above it loses at most ~20 s. On a CPU without bf16 units (fp32;
-# cpu_throughput/avx2) compiling gains 1.06-1.16x and repays itself from 2.4e13-4.7e13: the same threshold serves.
+# shape compiles in 17-27 s, a second one of the same shape in the same process in 1-7 s (the graph is reused; a
+# model with other hooks, below, compiles its own), and compiled runs train 1.08-1.42x faster than bf16 eager:
+# compiling repays itself from 1.2e13-1.8e13 counted FLOPs a run at d=128, 4.4e13-9.8e13 at d=256 and 0.8e14-1.4e14
+# at d=512. The threshold sits among the small shapes this CPU trains; a d=512 run just above it loses at most
+# ~20 s. On a CPU without bf16 units (fp32; cpu_throughput/avx2) compiling gains 1.06-1.16x and repays itself from
+# 2.4e13-4.7e13: the same threshold serves.
 COMPILE_MIN_FLOPS = 3e13
 # A compiled forward is reused by any later model of the same class and shapes, and by default dynamo does not check
 # module hooks when it reuses one. The control's embedding scale is a forward hook (`scale_twin_embedding`): a

@@ -833,3 +833,12 @@ def test_a_folder_trained_on_another_machine_is_reported_from_its_corpus_record(
     assert stored_versions(tmp_path / "runs") == there_versions
     with keyed_as(stored_versions(tmp_path / "runs")):
         assert summarize(replace(read, _plans={}))["rungs"] == there
+
+
+def test_from_record_is_refused_in_one_line_for_training(tmp_path, capsys):
+    from hires_hf.cli import main
+
+    assert main(["ladder", "--smoke", "--quiet", "--from-record", "--out", str(tmp_path / "ladder")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "--report" in error and len(error.splitlines()) == 1
+    assert not (tmp_path / "ladder").exists()

@@ -65,6 +65,8 @@ def settings_of(args: argparse.Namespace) -> LadderSettings:
 def run_ladder(args: argparse.Namespace) -> int:
     if args.report:
         return run_ladder_report(args)
+    if args.from_record:
+        raise HiResUserError("--from-record only reads a folder (--report): runs train on the corpus of this machine.")
     unknown = [stage for stage in args.stages if stage not in STAGES]
     if unknown:
         raise HiResUserError(f"Unknown stage(s) {unknown}; choose from {', '.join(STAGES)}.")

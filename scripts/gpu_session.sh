@@ -17,11 +17,11 @@
 #              second (LADDER_SECONDS 240), which goes on from those runs. WORK=<the folder env.txt names> also
 #              saves the corpus if the machine is still up; it may not be (a 30-second idle wait once sent it back,
 #              and the second call, without the first's runs, trained 9 of them again). After the top rung: the
-#              floor, then bf16 against fp32 (the precision stage; the GPU's controls stalled where the CPU's never
-#              did, and fp32 is one suspect).
+#              floor, then bf16 against fp32 (the precision stage).
 # Each phase's results are one archive ($OUT/<phase>.tar.gz) beside its log ($OUT/<phase>_log.txt), so that a
 # handful of files are copied back however many runs a phase trains. Unpack the ladder's into
-# benchmarks/results/ladder_gpu and commit it.
+# benchmarks/results/ladder_gpu and commit it; its report can be rebuilt off the GPU machine with
+# `hires-hf ladder --device cuda --seeds 3 --report --from-record --out benchmarks/results/ladder_gpu`.
 # Usage: OUT=runs/gpu scripts/gpu_session.sh
 #   PHASES=stability|ladder runs one of them; STAB_STEPS, STAB_LRS, STAB_ARCHS, LADDER_STAGES, LADDER_WORKERS,
 #   LADDER_SEEDS, LADDER_ARGS and MAX_CHARS shrink them to fit less GPU time; SMOKE=1 runs seconds-long versions

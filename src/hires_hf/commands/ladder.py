@@ -176,11 +176,11 @@ def run_ladder_report(args: argparse.Namespace) -> int:
     if not args.from_record:
         check_corpus_environment(settings, args.out)
     ladder = open_ladder(settings, args.out, cache_dir(), progress=not args.quiet)
-    if not args.from_record:
-        print(write_report(ladder, args.out))
-        return 0
-    ladder = replace(ladder, data=recorded_data(args.out, ladder.data), _plans={})
-    with keyed_as(stored_versions(args.out / "runs")):
+    keyed = nullcontext()
+    if args.from_record:  # a folder trained elsewhere: its record's data, its runs' library versions
+        ladder = replace(ladder, data=recorded_data(args.out, ladder.data), _plans={})
+        keyed = keyed_as(stored_versions(args.out / "runs"))
+    with keyed:
         print(write_report(ladder, args.out))
     return 0
 

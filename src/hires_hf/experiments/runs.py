@@ -133,10 +133,7 @@ def keyed_as(library_versions: dict[str, str]) -> Iterator[None]:
 
 def stored_versions(folder: Path) -> dict[str, str]:
     """The library versions most of a run folder's runs were trained with."""
-    counts = Counter(
-        json.dumps(json.loads(path.read_text(encoding="utf-8"))["spec"]["versions"], sort_keys=True)
-        for path in Path(folder).glob("*.json")
-    )
+    counts = Counter(json.dumps(run.spec["versions"], sort_keys=True) for run in RunStore(folder).runs())
     if not counts:
         raise HiResUserError(f"{folder} holds no runs to read.")
     return json.loads(counts.most_common(1)[0][0])

@@ -114,6 +114,25 @@ def test_more_seeds_where_runs_are_cheap_are_trained_at_every_best_and_all_repor
     assert top["hires"]["seed_spread"] == pytest.approx(2 * ladder.seed_effect["nats"])
 
 
+def test_the_top_rung_can_be_given_more_seeds_than_the_rungs_below(fake_ladder, capsys):
+    """`--top-seeds`: the verdict is the top rung's gap, and on a GPU whose seeds spread 0.03-0.08 nats it wants more
+    seeds than the rungs below need to carry a rate over."""
+    from hires_hf.cli import main
+
+    ladder, _ = fake_ladder
+    folder = str(ladder.store.folder.parent)
+    ask = ["ladder", "--smoke", "--quiet", "--out", folder, "--stages", "grid", "top", "--seeds", "2"]
+    assert main([*ask, "--top-seeds", "4"]) == 0
+    ladder.store.refresh()
+    rungs = summarize(ladder)["rungs"]
+    assert {cell["seeds"] for rung in rungs[:-1] for cell in rung["arms"].values()} == {2}
+    assert {name: cell["seeds"] for name, cell in rungs[-1]["arms"].items()} == dict.fromkeys(
+        ["control", "plain-twin", "hires"], 4
+    )
+    assert main([*ask, "--top-seeds", "0"]) == 2
+    assert "--top-seeds 0" in capsys.readouterr().err
+
+
 def test_a_stopped_ladder_trains_nothing_twice(fake_ladder):
     ladder, trained = fake_ladder
     run_stages(ladder, ["grid"], progress=False, log=lambda line: None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from hires_hf.experiments.harness import execute
-from hires_hf.experiments.ladder import LadderSettings, ladder_arms, open_ladder
+from hires_hf.experiments.ladder import LadderSettings, cell_plan, ladder_arms, open_ladder
 
 
 def test_a_stored_run_keeps_its_training_loss_step_by_step_and_drops_its_checkpoint(tmp_path):
@@ -19,3 +19,16 @@ def test_a_stored_run_keeps_its_training_loss_step_by_step_and_drops_its_checkpo
     assert [step for step, _ in trace] == list(range(1, plan.settings.steps + 1))
     assert all(math.isfinite(loss) for _, loss in trace) and trace[-1][1] < trace[0][1] - 0.5  # it learned
     assert not ladder.store.checkpoint(plan.key).exists()
+
+
+def test_a_ladder_of_minutes_long_runs_keeps_their_whole_trace_when_asked_to_checkpoint_often(tmp_path):
+    """A GPU's runs end in minutes, before the default checkpoint: `--checkpoint-minutes` keeps their traces."""
+    from hires_hf.cli import main
+
+    cell = ["ladder", "--smoke", "--quiet", "--out", str(tmp_path), "--cell", "control", "32x4", "4e-3"]
+    assert main([*cell, "--checkpoint-minutes", "1e-9"]) == 0
+    ladder = open_ladder(LadderSettings.smoke(), tmp_path, progress=False)
+    plan = cell_plan(ladder, "control", "32x4", 4e-3)
+    trace = ladder.store.trace(plan.key)
+    assert trace is not None and [step for step, _ in trace] == list(range(1, plan.settings.steps + 1))
+    assert main([*cell, "--checkpoint-minutes", "0"]) == 2  # refused in one line, nothing trained

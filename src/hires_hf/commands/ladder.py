@@ -39,6 +39,7 @@ from ..experiments.ladder import (
 )
 from ..experiments.runs import keyed_as, stored_versions
 from ..training.bf16_emulation import emulated_bf16, needs_emulation
+from ..training.loop import CHECKPOINT_SECONDS
 from . import default, set_threads
 
 DEFAULT_OUT = Path("benchmarks/results/ladder")
@@ -58,7 +59,9 @@ def cache_dir() -> Path:
 def settings_of(args: argparse.Namespace) -> LadderSettings:
     settings = LadderSettings.smoke() if args.smoke else LadderSettings()
     changes = {"device": args.device, "precision": args.precision, "compile": args.compile}
-    changes |= {"rung_seeds": args.seeds, "top_seeds": args.seeds}
+    changes |= {"rung_seeds": args.seeds, "top_seeds": args.top_seeds or args.seeds}
+    if args.checkpoint_minutes is not None:
+        changes["checkpoint_seconds"] = 60 * args.checkpoint_minutes
     return replace(settings, **{k: v for k, v in changes.items() if v is not None})
 
 
@@ -72,8 +75,11 @@ def run_ladder(args: argparse.Namespace) -> int:
         raise HiResUserError(f"Unknown stage(s) {unknown}; choose from {', '.join(STAGES)}.")
     if args.workers < 1:
         raise HiResUserError(f"--workers {args.workers}: give at least 1 worker process.")
-    if args.seeds is not None and not 1 <= args.seeds <= MOST_SEEDS:
-        raise HiResUserError(f"--seeds {args.seeds}: give 1 to {MOST_SEEDS} seeds at each best rate.")
+    for flag, seeds in (("--seeds", args.seeds), ("--top-seeds", args.top_seeds)):
+        if seeds is not None and not 1 <= seeds <= MOST_SEEDS:
+            raise HiResUserError(f"{flag} {seeds}: give 1 to {MOST_SEEDS} seeds at each best rate.")
+    if args.checkpoint_minutes is not None and args.checkpoint_minutes <= 0:
+        raise HiResUserError(f"--checkpoint-minutes {args.checkpoint_minutes:g}: give a positive number of minutes.")
     claim_until = claim_deadline(args)
     settings = settings_of(args)
     set_threads(args.threads)
@@ -155,7 +161,12 @@ def worker_command(args: argparse.Namespace, threads: int, claim_until: float) -
     command = [sys.executable, "-m", "hires_hf.cli", "ladder", "--stages", *args.stages, "--out", str(args.out)]
     command += ["--threads", str(threads), "--quiet"] + (["--smoke"] if args.smoke else [])
     options = (("--device", args.device), ("--precision", args.precision), ("--compile", args.compile))
-    for flag, value in (*options, ("--seeds", args.seeds)):
+    counts = (
+        ("--seeds", args.seeds),
+        ("--top-seeds", args.top_seeds),
+        ("--checkpoint-minutes", args.checkpoint_minutes),
+    )
+    for flag, value in (*options, *counts):
         if value is not None:
             command += [flag, str(value)]
     return command + ([] if math.isinf(claim_until) else ["--claim-until", repr(claim_until)])
@@ -211,6 +222,18 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help=f"seeds at each arm's best rate, every rung (default {default(LadderSettings, 'rung_seeds')}; more where "
         "runs are cheap and noisy, as on a GPU)",
+    )
+    parser.add_argument(
+        "--top-seeds",
+        type=int,
+        help="seeds of both vanillas and the best HiRes at the top rung's best rates (default: --seeds'); the top "
+        "rung's gap is the verdict's, so it may want more than the rungs below",
+    )
+    parser.add_argument(
+        "--checkpoint-minutes",
+        type=float,
+        help=f"minutes between a run's checkpoints (default {CHECKPOINT_SECONDS / 60:g}); a stored run keeps its "
+        "training loss step by step as far as its last checkpoint, so runs of a few minutes (a GPU's) want less",
     )
     parser.add_argument(
         "--claim-for",

@@ -43,7 +43,7 @@ from ..errors import HiResUserError
 from ..io import write_json_atomic, write_text_atomic
 from ..training.checkpoint import read_progress
 from ..training.data import python_sources_environment
-from ..training.loop import resolve_precision
+from ..training.loop import CHECKPOINT_SECONDS, resolve_precision
 from .harness import (
     CONTROL,
     HIRES,
@@ -145,6 +145,9 @@ class LadderSettings:
     precision: str = "bf16"
     compile: str = "auto"
     device: str = "cpu"
+    # wall clock between a run's checkpoints: where runs last minutes (a GPU's), a shorter one keeps a stored run's
+    # step-by-step training loss (saved with each checkpoint) nearly whole; not part of any run's key
+    checkpoint_seconds: float = CHECKPOINT_SECONDS
 
     @classmethod
     def smoke(cls, **overrides: Any) -> LadderSettings:
@@ -699,7 +702,13 @@ def _train(ladder: Ladder, plan: RunPlan, progress: bool) -> Run:
     with tqdm(total=plan.settings.steps, desc=label, disable=not progress, dynamic_ncols=True, mininterval=5) as bar:
         try:
             return execute(
-                plan, ladder.data, ladder.device, ladder.store, on_step=lambda _: bar.update(1), after_update=watch
+                plan,
+                ladder.data,
+                ladder.device,
+                ladder.store,
+                on_step=lambda _: bar.update(1),
+                after_update=watch,
+                checkpoint_seconds=ladder.settings.checkpoint_seconds,
             )
         except Stalled as stall:
             run = stalled_run(plan, ladder.data, stall, saved["seconds"] + time.perf_counter() - start)

@@ -45,7 +45,8 @@ COMMANDS = {  # how each device's ladder is run, and what one worker of its budg
     "cuda": (
         "PHASES=ladder OUT=runs/gpu scripts/gpu_session.sh   # six workers share one H200, from the committed runs on",
         "hires-hf ladder --device cuda --report   # on the GPU machine (its runs' data is that machine's corpus)",
-        "hires-hf ladder --device cuda --seeds 3 --report --from-record --out benchmarks/results/ladder_gpu   # here",
+        "hires-hf ladder --device cuda --seeds 3 --top-seeds 5 --report --from-record --out "
+        "benchmarks/results/ladder_gpu   # here",
     ),
 }
 WORKER = {

@@ -22,7 +22,7 @@
 # handful of files are copied back however many runs a phase trains. Unpack the ladder's into
 # benchmarks/results/ladder_gpu (its runs/*.json and runs/traces/) and commit it; its report can be rebuilt off the
 # GPU machine with
-# `hires-hf ladder --device cuda --seeds 3 --top-seeds 5 --report --from-record --out benchmarks/results/ladder_gpu`.
+# `hires-hf ladder --device cuda --seeds 3 --top-seeds 6 --report --from-record --out benchmarks/results/ladder_gpu`.
 # Usage: OUT=runs/gpu scripts/gpu_session.sh
 #   PHASES=stability|ladder runs one of them; STAB_STEPS, STAB_LRS, STAB_ARCHS, LADDER_STAGES, LADDER_WORKERS,
 #   LADDER_SEEDS, LADDER_TOP_SEEDS, LADDER_ARGS and MAX_CHARS shrink them to fit less GPU time; SMOKE=1 runs seconds-long versions
@@ -82,13 +82,13 @@ if [[ " $PHASES " == *" ladder "* ]]; then
   # its corpus record: a GPU image whose packages moved is refused rather than starting the ladder over
   [ -z "${SMOKE:-}" ] && cp benchmarks/results/ladder_gpu/corpus*.* "$WORK/ladder/" 2>/dev/null
   # three seeds at each best rate: two runs of one seed on the GPU ended 0.033 nats apart (its kernels are not
-  # deterministic), and a run there costs a minute or two. Five at the top rung, whose gap is the verdict: the
-  # GPU's full-length cells have a seed standard deviation of 0.016-0.043 nats, so the difference of two
-  # five-seed means is known to ~0.02, under the ~0.05 nats the article's 1.30x is worth there. A checkpoint every
+  # deterministic), and a run there costs a minute or two. Six at the top rung, whose gap is the verdict: with the
+  # GPU's pooled seed noise (0.034 nats a run) six a side tell the 0.054 nats the article's 1.30x is worth there
+  # from none (the report's "Seeds the verdict needs": 95% two-sided, 80% power). A checkpoint every
   # 30 s: a stored run keeps its training loss step by step as far as its last checkpoint, and these runs last
   # minutes.
   ladder=(-m hires_hf.cli ladder --device "$DEVICE" --out "$WORK/ladder" --quiet --seeds "${LADDER_SEEDS:-3}"
-          --top-seeds "${LADDER_TOP_SEEDS:-5}" --checkpoint-minutes 0.5 ${LADDER_ARGS:-})
+          --top-seeds "${LADDER_TOP_SEEDS:-6}" --checkpoint-minutes 0.5 ${LADDER_ARGS:-})
   [ -n "${SMOKE:-}" ] && ladder+=(--smoke)
   seconds="${LADDER_SECONDS:-420}"  # whole seconds; with the start, the report and the packing, one 10-minute call
   minutes=$(awk -v s="$seconds" -v tail="${LADDER_TAIL:-60}" 'BEGIN { print (s - tail) / 60 }')

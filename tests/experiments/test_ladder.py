@@ -424,6 +424,24 @@ def test_the_report_names_the_baseline_and_the_multiplier(fake_ladder, tmp_path)
     assert (tmp_path / "report" / "ladder.png").stat().st_size > 10_000
 
 
+def test_the_report_says_how_many_seeds_tell_the_articles_claim_from_none_more_where_seeds_are_noisier(
+    fake_ladder, smoke_settings, tmp_path
+):
+    """A floor that length cannot reach leaves seeds as the way to a verdict: the report turns the measured seed
+    noise into the seeds a side that tell the article's 1.30x from no gain at the top rung."""
+    ladder, _ = fake_ladder
+    needs = {}
+    for name, nats in (("quiet", 0.001), ("noisy", 0.03)):
+        ladder.seed_effect["nats"] = nats
+        here = open_ladder(smoke_settings, tmp_path / name, progress=False)
+        run_stages(here, ["floor", "grid", "top"], progress=False, log=lambda line: None)
+        article = summarize(here)["fit"]["article"]
+        assert article["gap"] > 0 and article["at_flops"] == here.rungs[-1].flops
+        needs[name] = article["seeds"]
+        assert f"{article['seeds']} seeds a side" in write_report(here, tmp_path / f"{name}-report")
+    assert needs["quiet"] == 2 < needs["noisy"]
+
+
 def test_the_multiplier_is_fitted_only_through_rungs_where_every_rate_is_bracketed(fake_ladder):
     """A rung half done (an arm at one rate that stalled, say) would read a rate's failure as the architecture's
     scaling: the fit waits until every arm's rate at a rung is bracketed."""

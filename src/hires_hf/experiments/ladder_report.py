@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HiResUserError
-from ..eval.scaling import Point, analyse
+from ..eval.scaling import Point, PowerLaw, analyse
 from ..io import write_json_atomic, write_text_atomic
 from ..plotting import ARM_COLOURS, Curve, draw_loss_vs_flops, pyplot, save_figure
 from ..tables import markdown_table
@@ -45,7 +45,7 @@ COMMANDS = {  # how each device's ladder is run, and what one worker of its budg
     "cuda": (
         "PHASES=ladder OUT=runs/gpu scripts/gpu_session.sh   # six workers share one H200, from the committed runs on",
         "hires-hf ladder --device cuda --report   # on the GPU machine (its runs' data is that machine's corpus)",
-        "hires-hf ladder --device cuda --seeds 3 --top-seeds 5 --report --from-record --out "
+        "hires-hf ladder --device cuda --seeds 3 --top-seeds 6 --report --from-record --out "
         "benchmarks/results/ladder_gpu   # here",
     ),
 }
@@ -55,6 +55,9 @@ WORKER = {
 }
 
 
+# The article's claim, and the test a gap of that size needs: two-sided at 95% confidence, with 80% power
+ARTICLE_MULTIPLIER = 1.30
+Z_CONFIDENCE, Z_POWER = 1.96, 0.84
 BELOW_OPEN = "rung below open"  # an arm's grid here is centred once its bracket at the rung below closes
 
 
@@ -349,7 +352,23 @@ def fit(summary: dict[str, Any]) -> dict[str, Any] | None:
         },
         "gap_per_decade": None if slope is None else slope * math.log(10),
         "seed_sd": noise,
+        "article": article_test(laws.fits["baseline"].law, summary["rungs"][-1]["flops"], noise),
     }
+
+
+def article_test(baseline: PowerLaw, flops: float, noise: float | None) -> dict[str, Any] | None:
+    """What the article's 1.30x is worth in nats at the top rung (the baseline's law at `flops` against its law at
+    1.30x those FLOPs), and the seeds a side whose means tell that gap from none, given the measured seed noise."""
+    if not noise:
+        return None
+    gap = float(baseline.loss(flops) - baseline.loss(ARTICLE_MULTIPLIER * flops))
+    return {"multiplier": ARTICLE_MULTIPLIER, "at_flops": flops, "gap": gap, "seeds": seeds_to_tell(gap, noise)}
+
+
+def seeds_to_tell(gap: float, sd: float) -> int:
+    """Seeds a side for the difference of two seed means to tell a `gap` from none (95% two-sided, 80% power), when
+    one run's final loss carries `sd` nats of seed noise; two at the least, for a spread to be measured at all."""
+    return max(2, math.ceil(2 * ((Z_CONFIDENCE + Z_POWER) * sd / gap) ** 2))
 
 
 def seed_sd(summary: dict[str, Any]) -> float | None:
@@ -716,6 +735,14 @@ def markdown(summary: dict[str, Any]) -> str:
             f"{result['seed_sd'] or 0:.4f} nats of seed noise a point); gap trend "
             f"{result['gap_per_decade']:+.3f} nats per decade of compute."
         )
+        if result.get("article"):
+            a = result["article"]
+            lines += [
+                "",
+                f"**Seeds the verdict needs:** the article's {a['multiplier']:.2f}x is worth {a['gap']:.3f} nats at "
+                f"{a['at_flops']:.3g} FLOPs (the baseline's fit). With {result['seed_sd']:.4f} nats of seed noise a "
+                f"run, {a['seeds']} seeds a side tell that gap from none (95% two-sided, 80% power).",
+            ]
     else:
         lines.append("The fit needs at least two rungs with every arm's rate bracketed.")
     return "\n".join(lines) + "\n"

@@ -25,8 +25,8 @@
 # `hires-hf ladder --device cuda --seeds 3 --top-seeds 6 --report --from-record --out benchmarks/results/ladder_gpu`.
 # Usage: OUT=runs/gpu scripts/gpu_session.sh
 #   PHASES=stability|ladder runs one of them; STAB_STEPS, STAB_LRS, STAB_ARCHS, LADDER_STAGES, LADDER_WORKERS,
-#   LADDER_SEEDS, LADDER_TOP_SEEDS, LADDER_ARGS and MAX_CHARS shrink them to fit less GPU time; SMOKE=1 runs seconds-long versions
-#   (DEVICE=cpu: the ladder's on this machine's CPU, to try the script without a GPU). WORK=<the folder env.txt
+#   LADDER_SEEDS, LADDER_TOP_SEEDS, LADDER_ARGS and MAX_CHARS shrink them to fit less GPU time; SMOKE=1 runs
+#   seconds-long versions (DEVICE=cpu: the ladder's on this machine's CPU, to try the script without a GPU). WORK=<the folder env.txt
 #   names>, on a machine still up from an earlier call, goes on from that call's runs and prepared data.
 set -uo pipefail
 cd "$(dirname "$0")/.."

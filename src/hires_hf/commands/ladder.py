@@ -226,8 +226,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--top-seeds",
         type=int,
-        help="seeds of both vanillas and the best HiRes at the top rung's best rates (default: --seeds'); the top "
-        "rung's gap is the verdict's, so it may want more than the rungs below",
+        help="seeds of both vanillas and the best HiRes at the top rung's best rates (default: as --seeds); the top "
+        "rung's gap is the verdict, so it may want more (the report says how many)",
     )
     parser.add_argument(
         "--checkpoint-minutes",

@@ -442,6 +442,35 @@ def test_the_report_says_how_many_seeds_tell_the_articles_claim_from_none_more_w
     assert needs["quiet"] == 2 < needs["noisy"]
 
 
+def test_each_gap_carries_an_interval_that_narrows_with_seeds_and_widens_with_their_noise(
+    fake_ladder, smoke_settings, tmp_path
+):
+    """A gap of 0.03 nats reads as HiRes ahead or behind only where the seeds' noise allows it: each arm's gap to the
+    baseline carries a 95% interval in the table and in summary.json, none for the baseline itself."""
+    ladder, _ = fake_ladder
+    widths = {}
+    for name, nats in (("quiet", 0.001), ("noisy", 0.03)):
+        ladder.seed_effect["nats"] = nats
+        here = open_ladder(smoke_settings, tmp_path / name, progress=False)
+        run_stages(here, ["floor", "grid", "top"], progress=False, log=lambda line: None)
+        rung = summarize(here)["rungs"][0]
+        intervals = rung["gap_interval"]
+        assert rung["baseline"] not in intervals and set(intervals) == set(rung["arms"]) - {rung["baseline"]}
+        hires = rung["best_hires"]
+        widths[name] = intervals[hires]
+        row = next(
+            line
+            for line in write_report(here, tmp_path / f"{name}-report").splitlines()
+            if line.startswith(f"| {rung['shape']} |") and f"| {hires} |" in line
+        )
+        assert f"| {intervals[hires]:.3f} |" in row
+    second = here.store.get(rung["arms"][hires]["keys"][1])
+    next(here.store.folder.glob(f"*-{second.key}.json")).unlink()  # HiRes down to one seed there
+    here.store.refresh()
+    assert summarize(here)["rungs"][0]["gap_interval"][hires] > widths["noisy"]  # fewer seeds, a wider interval
+    assert widths["quiet"] < widths["noisy"]
+
+
 def test_the_multiplier_is_fitted_only_through_rungs_where_every_rate_is_bracketed(fake_ladder):
     """A rung half done (an arm at one rate that stalled, say) would read a rate's failure as the architecture's
     scaling: the fit waits until every arm's rate at a rung is bracketed."""

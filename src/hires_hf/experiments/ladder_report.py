@@ -299,6 +299,9 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
                 "baseline_share": shares,
             }
         )
+    noise = seed_sd(summary)
+    for rung in summary["rungs"]:
+        rung["gap_interval"] = gap_intervals(rung, noise)
     summary["in_flight"] = in_flight(ladder, summary["rungs"])
     summary["stalled"] = [
         {"arm": run.arm, "lr": run.lr, "seed": run.seed, "loss": run.final_loss, "key": run.key, **run.stalled}
@@ -311,6 +314,19 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
     summary["top_pruned"] = contenders[1] if contenders else {}
     summary["fit"] = fit(summary)
     return summary
+
+
+def gap_intervals(rung: dict[str, Any], noise: float | None) -> dict[str, float]:
+    """Per arm but the baseline, the half-width of a 95% interval on its gap to the baseline: the difference of two
+    seed means, each run carrying the pooled seed noise, so that a gap inside it is not read as a difference."""
+    if not noise or not rung["baseline"]:
+        return {}
+    base = rung["arms"][rung["baseline"]]["seeds"]
+    return {
+        name: Z_CONFIDENCE * noise * math.sqrt(1 / cell["seeds"] + 1 / base)
+        for name, cell in rung["arms"].items()
+        if name != rung["baseline"]
+    }
 
 
 def settled_rung(rung: dict[str, Any]) -> bool:
@@ -411,6 +427,7 @@ def table(summary: dict[str, Any]) -> str:
             gap = cell["loss"] - rung["arms"][rung["baseline"]]["loss"] if rung["baseline"] else float("nan")
             share = rung["baseline_share"].get(name)
             reach = "" if name == rung["baseline"] else "not in its budget" if share is None else f"{share:.2f}"
+            interval = rung.get("gap_interval", {}).get(name)
             rows.append(
                 (
                     rung["shape"],
@@ -421,18 +438,21 @@ def table(summary: dict[str, Any]) -> str:
                     cell["bracket"],
                     f"{cell['loss']:.4f}",
                     f"{gap:+.4f}",
+                    "" if interval is None else f"{interval:.3f}",
                     reach,
                     f"{cell['seeds']}",
                     spread,
                 )
             )
-    headers = ["rung", "FLOPs/run", "arm", "tokens", "best lr", "bracket", "loss", "vs baseline", "baseline reaches it"]
-    headers += ["seeds", "spread"]
+    headers = ["rung", "FLOPs/run", "arm", "tokens", "best lr", "bracket", "loss", "vs baseline", "±95%"]
+    headers += ["baseline reaches it", "seeds", "spread"]
     note = (
-        "*Baseline reaches it*: the share of its budget at which the baseline's best run first reaches the arm's final"
-        " loss, an upper bound on the arm's worth in the baseline's compute (that run's rate had not annealed yet)."
+        "*±95%*: half-width of a 95% interval on the gap, from the seeds on each side and the pooled seed noise of one"
+        " run (the multiplier's below); a gap inside it is not a difference. *Baseline reaches it*: the share of its"
+        " budget at which the baseline's best run first reaches the arm's final loss, an upper bound on the arm's"
+        " worth in the baseline's compute (that run's rate had not annealed yet)."
     )
-    return "\n".join([*markdown_table(headers, rows, "lrlrrlrrrrr"), "", note])
+    return "\n".join([*markdown_table(headers, rows, "lrlrrlrrrrrr"), "", note])
 
 
 def held_out_note(summary: dict[str, Any]) -> str | None:

@@ -424,6 +424,15 @@ def test_the_report_names_the_baseline_and_the_multiplier(fake_ladder, tmp_path)
     assert (tmp_path / "report" / "ladder.png").stat().st_size > 10_000
 
 
+def ladders_by_seed_noise(ladder, settings: LadderSettings, folder):
+    """The fake ladder trained twice through the top rung, with quiet and with noisy seeds: (name, ladder) each."""
+    for name, nats in (("quiet", 0.001), ("noisy", 0.03)):
+        ladder.seed_effect["nats"] = nats
+        here = open_ladder(settings, folder / name, progress=False)
+        run_stages(here, ["floor", "grid", "top"], progress=False, log=lambda line: None)
+        yield name, here
+
+
 def test_the_report_says_how_many_seeds_tell_the_articles_claim_from_none_more_where_seeds_are_noisier(
     fake_ladder, smoke_settings, tmp_path
 ):
@@ -431,10 +440,7 @@ def test_the_report_says_how_many_seeds_tell_the_articles_claim_from_none_more_w
     noise into the seeds a side that tell the article's 1.30x from no gain at the top rung."""
     ladder, _ = fake_ladder
     needs = {}
-    for name, nats in (("quiet", 0.001), ("noisy", 0.03)):
-        ladder.seed_effect["nats"] = nats
-        here = open_ladder(smoke_settings, tmp_path / name, progress=False)
-        run_stages(here, ["floor", "grid", "top"], progress=False, log=lambda line: None)
+    for name, here in ladders_by_seed_noise(ladder, smoke_settings, tmp_path):
         article = summarize(here)["fit"]["article"]
         assert article["gap"] > 0 and article["at_flops"] == here.rungs[-1].flops
         needs[name] = article["seeds"]
@@ -449,10 +455,7 @@ def test_each_gap_carries_an_interval_that_narrows_with_seeds_and_widens_with_th
     baseline carries a 95% interval in the table and in summary.json, none for the baseline itself."""
     ladder, _ = fake_ladder
     widths = {}
-    for name, nats in (("quiet", 0.001), ("noisy", 0.03)):
-        ladder.seed_effect["nats"] = nats
-        here = open_ladder(smoke_settings, tmp_path / name, progress=False)
-        run_stages(here, ["floor", "grid", "top"], progress=False, log=lambda line: None)
+    for name, here in ladders_by_seed_noise(ladder, smoke_settings, tmp_path):
         rung = summarize(here)["rungs"][0]
         intervals = rung["gap_interval"]
         assert rung["baseline"] not in intervals and set(intervals) == set(rung["arms"]) - {rung["baseline"]}

@@ -312,7 +312,7 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
     summary["traced"] = [key for key in keys if ladder.store.trace(key) is not None]
     contenders = top_contenders(ladder)
     summary["top_pruned"] = contenders[1] if contenders else {}
-    summary["fit"] = fit(summary)
+    summary["fit"] = fit(summary, noise)
     return summary
 
 
@@ -335,8 +335,9 @@ def settled_rung(rung: dict[str, Any]) -> bool:
     return all(cell["bracket"] == "bracketed" for cell in rung["arms"].values())
 
 
-def fit(summary: dict[str, Any]) -> dict[str, Any] | None:
-    """Power laws per arm over the rungs and the best HiRes's FLOPs multiplier over the baseline, at the top."""
+def fit(summary: dict[str, Any], noise: float | None) -> dict[str, Any] | None:
+    """Power laws per arm over the rungs and the best HiRes's FLOPs multiplier over the baseline, at the top; `noise`
+    is the pooled seed noise of one run (`seed_sd`), the bootstrap's least noise a point."""
     complete = [r for r in summary["rungs"] if r["baseline"] and r["best_hires"] and settled_rung(r)]
     if len(complete) < 2:
         return None
@@ -348,7 +349,6 @@ def fit(summary: dict[str, Any]) -> dict[str, Any] | None:
             points.append(Point(name, 1, rung["flops"], cell["loss"]))
     hires = top["best_hires"]
     chosen = [p for p in points if p.arch in ("baseline", hires)]
-    noise = seed_sd(summary)
     report = analyse(chosen, baseline="baseline", at_compute=top["flops"], bootstrap=2000, noise=noise or 0.0)
     laws = analyse(points, baseline="baseline", bootstrap=0)
     multiplier = report.multipliers[0] if report.multipliers else None
@@ -427,7 +427,7 @@ def table(summary: dict[str, Any]) -> str:
             gap = cell["loss"] - rung["arms"][rung["baseline"]]["loss"] if rung["baseline"] else float("nan")
             share = rung["baseline_share"].get(name)
             reach = "" if name == rung["baseline"] else "not in its budget" if share is None else f"{share:.2f}"
-            interval = rung.get("gap_interval", {}).get(name)
+            interval = rung["gap_interval"].get(name)
             rows.append(
                 (
                     rung["shape"],

@@ -23,6 +23,7 @@ from hires_hf.experiments import harness
 from hires_hf.experiments import ladder as ladder_module
 from hires_hf.experiments.harness import Arm, Budget, Run, RunStore, Shape, plan_run
 from hires_hf.experiments.ladder import (
+    MOST_SEEDS,
     SQRT2,
     LadderSettings,
     claim,
@@ -738,6 +739,9 @@ def test_the_report_shows_where_each_begun_run_stands(fake_ladder, tmp_path):
     )
     other = ladder.plan(ladder_arms_by_name(ladder)["control"], ladder.rungs[-1], 8e-3)
     ladder.store.checkpoint(other.key).write_bytes(b"not a checkpoint")
+    control_rate = summarize(ladder)["rungs"][0]["arms"]["control"]["best_lr"]
+    by_hand = ladder.plan(ladder_arms_by_name(ladder)["control"], rung, control_rate, seed=MOST_SEEDS - 1)
+    write_checkpoint(ladder, by_hand, {"step": 7, "curve": [[0, 6.0]], "train_losses": [], "seconds": 60.0})
 
     summary = summarize(ladder)
     rows = {row["key"]: row for row in summary["in_flight"]}
@@ -746,6 +750,7 @@ def test_the_report_shows_where_each_begun_run_stands(fake_ladder, tmp_path):
     control = summary["rungs"][0]["arms"]["control"]["seed_losses"][0]  # the baseline's run: its end, at 100%
     assert row["baseline_then"] == pytest.approx(control)
     assert rows[other.key]["step"] is None  # an unreadable checkpoint is listed, without progress
+    assert (rows[by_hand.key]["seed"], rows[by_hand.key]["step"]) == (MOST_SEEDS - 1, 7)  # a seed the plan lacks
     assert "**In flight**" in write_report(ladder, tmp_path / "report")
 
 

@@ -23,7 +23,7 @@ from ..plotting import ARM_COLOURS, Curve, draw_loss_vs_flops, pyplot, save_figu
 from ..tables import markdown_table
 from ..training.bf16_emulation import EMULATED, NATIVE
 from ..training.checkpoint import read_progress
-from .harness import HIRES, Run, bracket_status
+from .harness import HIRES, Run, RunPlan, bracket_status
 from .ladder import (
     FLOOR_NATS,
     MOST_SEEDS,
@@ -235,7 +235,8 @@ def in_flight(ladder: Ladder, rungs: list[dict[str, Any]]) -> list[dict[str, Any
     the checkpoint's header) and, at a rung, the rung's baseline at the same share of its budget (every run
     evaluates at the same shares, so the two line up): an early read of a run that spans sessions, not a result."""
     rows = []
-    for plan in open_runs(ladder, list(STAGES)):
+    planned = open_runs(ladder, list(STAGES))
+    for plan in planned + hand_seeded(ladder, rungs, {plan.key for plan in planned}):
         path = ladder.store.checkpoint(plan.key)
         if not path.exists():
             continue
@@ -262,6 +263,20 @@ def in_flight(ladder: Ladder, rungs: list[dict[str, Any]]) -> list[dict[str, Any
                 row["baseline_then"] = baseline_at(shares, step / plan.settings.steps)
         rows.append(row)
     return rows
+
+
+def hand_seeded(ladder: Ladder, rungs: list[dict[str, Any]], planned: set[str]) -> list[RunPlan]:
+    """Runs begun by hand (`--cell ARM RUNG RATE --cell-seed N`) beyond the seeds the plan holds, at each cell's
+    best rate: not stored yet, with a checkpoint, so that the report shows every run a machine is training."""
+    plans, arms = [], {arm.name: arm for arm in ladder.arms}
+    for index, rung in enumerate(rungs):
+        for name, cell in rung["arms"].items():
+            for seed in range(MOST_SEEDS):
+                plan = ladder.plan(arms[name], ladder.rungs[index], cell["best_lr"], seed)
+                begun = ladder.store.checkpoint(plan.key).exists() and ladder.store.get(plan.key) is None
+                if begun and plan.key not in planned:
+                    plans.append(plan)
+    return plans
 
 
 def summarize(ladder: Ladder) -> dict[str, Any]:

@@ -1,0 +1,304 @@
+"""Is a ladder run's mid-run plateau the induction-head transition, and does HiRes make it later?
+
+The shipped HiRes's seeds at CPU rung 1 end 0.264 apart (the vanillas' ≤ 0.07). Their traces part at step ~700:
+some fall, others sit on a plateau near 3.2 nats for a few hundred steps. A plateau at that point of a small
+language model's training is the textbook sign of the induction-head phase change (a model learns to copy what
+followed an earlier occurrence of the current token). This script retrains a ladder run, step for step the
+ladder's own, and every `--every` steps measures its in-context copying: the loss on a second copy of a random
+token sequence against the loss on the first copy (shuffled validation tokens, so nothing but copying helps).
+If the hypothesis holds, the copying gain jumps as each run leaves the plateau, later for the seeds that sit on
+it longer. The training loss is read from the ladder's stored trace of the same run.
+
+    python benchmarks/induction_probe.py --arm hires --rung 64x12 --lr 8e-3 --seeds 1 2 --until 1600 --threads 1
+    python benchmarks/induction_probe.py --report      # table and plot from every stored case
+
+A run stops at `--until` (its learning-rate schedule is still the full run's); it checkpoints every few minutes
+under `checkpoints/` and a rerun of the same command resumes it. Writes
+benchmarks/results/induction_probe/{cases/*.json, induction_probe.{json,md,png}} (or under --out-dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from hires_hf.commands import set_threads
+from hires_hf.commands.ladder import cache_dir
+from hires_hf.errors import HiResUserError
+from hires_hf.experiments.harness import RunPlan
+from hires_hf.experiments.ladder import Ladder, LadderSettings, cell_plan, open_ladder
+from hires_hf.experiments.ladder_report import running_mean
+from hires_hf.experiments.runs import git_commit, machine
+from hires_hf.io import write_json_atomic, write_text_atomic
+from hires_hf.plotting import pyplot
+from hires_hf.tables import markdown_table
+from hires_hf.training.loop import autocast, train_loop
+
+RESULTS = Path(__file__).resolve().parent / "results" / "induction_probe"
+LADDER = Path(__file__).resolve().parent / "results" / "ladder"
+ONSET_NATS = 1.0  # a copying gain this large marks the transition as under way
+PROBE_SEQUENCES = 32
+PROBE_SEED = 1234  # the probe's own generator: the training run's random state is never touched
+
+
+class Enough(Exception):
+    """Raised from the step hook at `--until`: the rest of the run is not needed for the probe."""
+
+
+def case_name(arm: str, rung: str, lr: float, seed: int) -> str:
+    return f"{arm}-{rung}-lr{lr:.4g}-s{seed}"
+
+
+def repeated_sequences(validation: torch.Tensor, count: int, half: int) -> torch.Tensor:
+    """(count, 2 * half) sequences, each a random draw of validation tokens followed by the same draw again:
+    only copying from the first half can predict the second better than the first."""
+    generator = torch.Generator().manual_seed(PROBE_SEED)
+    tokens = validation.flatten()
+    picks = torch.randint(len(tokens), (count, half), generator=generator)
+    first = tokens[picks]
+    return torch.cat([first, first], dim=1)
+
+
+@torch.no_grad()
+def copy_losses(model: nn.Module, sequences: torch.Tensor, precision: str) -> tuple[float, float]:
+    """Mean next-token loss on the first copy and on the second (each copy's first token left out: nothing
+    before it says what it is)."""
+    was_training = model.training
+    model.eval()
+    with autocast(sequences.device, precision):
+        logits = model(input_ids=sequences).logits
+    model.train(was_training)
+    losses = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), sequences[:, 1:], reduction="none")
+    half = sequences.shape[1] // 2
+    return losses[:, : half - 1].mean().item(), losses[:, half:].mean().item()
+
+
+def probe_hook(
+    sequences: torch.Tensor, precision: str, every: int, rows: dict[int, dict[str, float]], save: Callable[[], None]
+) -> Callable[[nn.Module, int], None]:
+    """An `after_update` hook: every `every` steps, the copy losses into `rows` (keyed by step), then `save()`."""
+
+    def hook(model: nn.Module, step: int) -> None:
+        if (step + 1) % every:
+            return
+        first, second = copy_losses(model, sequences, precision)
+        rows[step + 1] = {"step": step + 1, "first": first, "second": second, "gain": first - second}
+        save()
+
+    return hook
+
+
+def train_probed(
+    ladder: Ladder, plan: RunPlan, every: int, until: int, checkpoints: Path, progress: bool
+) -> dict[str, Any]:
+    """The ladder's run `plan` (same seed, weights, batches and schedule), probed every `every` steps up to step
+    `until`; the final loss only where `until` reaches the run's end."""
+    torch._dynamo.reset()
+    settings = plan.settings
+    torch.manual_seed(settings.seed)
+    model = plan.arm.model(plan.shape, ladder.data).to(ladder.device)
+    sequences = repeated_sequences(ladder.data.validation, PROBE_SEQUENCES, ladder.data.context // 2)
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    checkpoint = checkpoints / f"{plan.key}-probe.safetensors"
+    sidecar = checkpoints / f"{plan.key}-probe.json"  # probe rows so far: a resumed run keeps them
+    rows = {}
+    if checkpoint.exists() and sidecar.exists():
+        rows = {row["step"]: row for row in json.loads(sidecar.read_text(encoding="utf-8"))}
+    hook = probe_hook(
+        sequences.to(ladder.device),
+        settings.precision,
+        every,
+        rows,
+        lambda: write_json_atomic(sidecar, sorted(rows.values(), key=lambda r: r["step"])),
+    )
+    until = min(until, settings.steps)
+    label = f"{plan.shape.name} {plan.arm.name} lr={settings.learning_rate:g} seed={settings.seed} probed"
+
+    def on_step(step: int) -> None:
+        bar.update(1)
+        if step + 1 >= until and until < settings.steps:
+            raise Enough
+
+    final_loss = None
+    with tqdm(total=until, desc=label, disable=not progress, dynamic_ncols=True, mininterval=30) as bar:
+        try:
+            result = train_loop(
+                model,
+                ladder.data.train,
+                ladder.data.validation,
+                settings,
+                on_step=on_step,
+                after_update=hook,
+                checkpoint=checkpoint,
+                checkpoint_seconds=ladder.settings.checkpoint_seconds,
+            )
+            final_loss = result.final_loss
+        except Enough:
+            pass
+    checkpoint.unlink(missing_ok=True)
+    sidecar.unlink(missing_ok=True)
+    return {
+        "arm": plan.arm.name,
+        "rung": plan.shape.name,
+        "lr": settings.learning_rate,
+        "seed": settings.seed,
+        "every": every,
+        "until": until,
+        "steps": settings.steps,
+        "final_loss": final_loss,
+        "probes": sorted(rows.values(), key=lambda r: r["step"]),
+        "ladder_key": plan.key,  # the ladder run it retrains: its trace gives the training loss
+        "commit": git_commit(),
+        "machine": machine(plan.spec),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def onset(case: dict[str, Any]) -> int | None:
+    """The first probed step whose copying gain is at least ONSET_NATS, or None."""
+    return next((row["step"] for row in case["probes"] if row["gain"] >= ONSET_NATS), None)
+
+
+def loss_at(trace: list[tuple[int, float]] | None, step: int, window: int = 50) -> float | None:
+    """The mean training loss over the `window` steps up to `step`, from a ladder trace."""
+    if not trace:
+        return None
+    values = [loss for s, loss in trace if step - window < s <= step]
+    return sum(values) / len(values) if values else None
+
+
+def stored_cases(out_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted((out_dir / "cases").glob("*.json"))]
+
+
+def table(cases: list[dict[str, Any]], traces: dict[str, list[tuple[int, float]] | None], marks: list[int]) -> str:
+    """One row per case: when its copying gain passes ONSET_NATS, the gain there and at the last probe, the
+    training loss at `marks`, and the ladder run's final loss."""
+    header = ["run", f"gain ≥ {ONSET_NATS:g} nat at step", "last gain", *(f"loss @{m}" for m in marks), "final"]
+    body = []
+    for case in cases:
+        trace, start = traces.get(case["ladder_key"]), onset(case)
+        last = case["probes"][-1] if case["probes"] else None
+        losses = [loss_at(trace, m) for m in marks]
+        final = case.get("ladder_final") or case.get("final_loss")
+        body.append(
+            [
+                f"{case['arm']} {case['rung']} lr {case['lr']:g} seed {case['seed']}",
+                "not by " + str(case["until"]) if start is None else f"{start:,}",
+                "" if last is None else f"{last['gain']:.2f} @{last['step']:,}",
+                *("" if x is None else f"{x:.3f}" for x in losses),
+                "" if final is None else f"{final:.3f}",
+            ]
+        )
+    return "\n".join(markdown_table(header, body, align="llr" + "r" * len(marks) + "r"))
+
+
+def plot(cases: list[dict[str, Any]], traces: dict[str, list[tuple[int, float]] | None], path: Path) -> Path:
+    """Per rung: the training loss (running mean, from the ladder's trace) above the copying gain, on one step
+    axis, a colour per run."""
+    plt = pyplot()
+    rungs = sorted({c["rung"] for c in cases})
+    fig, axes = plt.subplots(2, len(rungs), figsize=(7 * len(rungs), 8), squeeze=False, sharex="col")
+    for column, rung in enumerate(rungs):
+        top, bottom = axes[0][column], axes[1][column]
+        for colour, case in enumerate(c for c in cases if c["rung"] == rung):
+            label = f"{case['arm']} lr {case['lr']:g} seed {case['seed']}"
+            trace = traces.get(case["ladder_key"])
+            if trace:
+                steps = [s for s, _ in trace if s <= case["until"]]
+                losses = running_mean([x for s, x in trace if s <= case["until"]], 25)
+                top.plot(steps, losses, color=f"C{colour}", label=label)
+            probes = case["probes"]
+            bottom.plot([r["step"] for r in probes], [r["gain"] for r in probes], color=f"C{colour}", label=label)
+        top.set_title(f"{rung}: training loss (running mean of 25 steps)", fontsize=10)
+        top.set_ylabel("training loss")
+        (top if top.lines else bottom).legend(fontsize=8)  # runs without a trace are named below
+        bottom.axhline(ONSET_NATS, color="grey", lw=0.8, ls=":")
+        bottom.set_title("copying gain: loss on a random sequence's first copy minus its second", fontsize=10)
+        bottom.set_xlabel("step")
+        bottom.set_ylabel("nats")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(ladder: Ladder, out_dir: Path, marks: list[int]) -> str:
+    cases = stored_cases(out_dir)
+    if not cases:
+        raise HiResUserError(f"No probed runs under {out_dir / 'cases'}: train one first (see --help).")
+    traces = {c["ladder_key"]: ladder.store.trace(c["ladder_key"]) for c in cases}
+    for case in cases:
+        run = ladder.store.get(case["ladder_key"])
+        case["ladder_final"] = None if run is None else run.final_loss
+    text = table(cases, traces, marks)
+    commands = "\n".join(dict.fromkeys(c["command"] for c in cases if "command" in c))
+    write_json_atomic(out_dir / "induction_probe.json", {"onset_nats": ONSET_NATS, "cases": cases})
+    plot(cases, traces, out_dir / "induction_probe.png")
+    intro = (
+        "# Is the plateau the induction-head transition?\n\n"
+        "Ladder runs retrained step for step (`benchmarks/induction_probe.py`), their in-context copying probed: "
+        f"{PROBE_SEQUENCES} sequences of shuffled validation tokens, each followed by itself; the *gain* is the "
+        "loss on the first copy minus the loss on the second. Training losses are the ladder's trace of the same "
+        "run, a mean over the 50 steps up to each mark; *final* is the ladder run's final validation loss.\n\n"
+    )
+    write_text_atomic(
+        out_dir / "induction_probe.md",
+        f"{intro}```\n{commands}\n```\n\n{text}\n\n![induction probe](induction_probe.png)\n",
+    )
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arm", default="hires")
+    parser.add_argument("--rung", default="64x12", help="a rung of the ladder (its shape's name)")
+    parser.add_argument("--lr", type=float, default=8e-3)
+    parser.add_argument("--seeds", nargs="*", type=int, default=[], help="ladder seeds to retrain and probe")
+    parser.add_argument("--every", type=int, default=50, help="probe every this many steps")
+    parser.add_argument("--until", type=int, default=1600, help="stop the run after this step")
+    parser.add_argument("--marks", type=int, nargs="*", default=[600, 800, 1000, 1200, 1400], help="table's steps")
+    parser.add_argument("--report", action="store_true", help="write the table and plot (also after training)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument("--ladder-dir", type=Path, default=LADDER, help="the ladder whose runs are retrained")
+    parser.add_argument("--smoke", action="store_true", help="the ladder's seconds-long smoke settings")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    if not args.seeds and not args.report:
+        parser.error("nothing to do: give --seeds to train, or --report")
+    if args.every < 1 or args.until < 1:
+        parser.error("--every and --until must be at least 1")
+    set_threads(args.threads)
+    settings = LadderSettings.smoke() if args.smoke else LadderSettings()
+    ladder = open_ladder(settings, args.ladder_dir, cache_dir(), progress=not args.quiet)
+    command = shlex.join(["python", "benchmarks/induction_probe.py", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        for seed in args.seeds:
+            plan = cell_plan(ladder, args.arm, args.rung, args.lr, seed)
+            path = args.out_dir / "cases" / f"{case_name(args.arm, args.rung, plan.settings.learning_rate, seed)}.json"
+            if path.exists() and json.loads(path.read_text(encoding="utf-8"))["ladder_key"] == plan.key:
+                continue
+            case = train_probed(ladder, plan, args.every, args.until, args.out_dir / "checkpoints", not args.quiet)
+            write_json_atomic(path, {**case, "command": command})
+            print(f"seed {seed}: copying gain passes {ONSET_NATS:g} nat at step {onset(case)}", flush=True)
+        print(write_report(ladder, args.out_dir, args.marks))
+    except HiResUserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The copying probe (`benchmarks/induction_probe.py`): it measures in-context copying and nothing else, and a
+probed run is the ladder's run, step for step."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from benchmarks import induction_probe
+from hires_hf.commands.ladder import cache_dir
+from hires_hf.experiments.ladder import LadderSettings, cell_plan, open_ladder, train_cell
+
+CELL = ("hires", "32x4", 1e-2)
+SMOKE = ["--smoke", "--quiet", "--arm", "hires", "--rung", "32x4", "--lr", "1e-2"]
+
+
+class Copier(nn.Module):
+    """Predicts each token of a sequence's second half from the first half's token after the same position, as an
+    induction head does; uniform everywhere else."""
+
+    def __init__(self, vocab: int, copies: bool) -> None:
+        super().__init__()
+        self.vocab, self.copies = vocab, copies
+
+    def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
+        batch, length = input_ids.shape
+        logits = torch.zeros(batch, length, self.vocab)
+        half = length // 2
+        if self.copies:
+            for t in range(half, length - 1):  # position t predicts token t + 1 = first-half token t + 1 - half
+                logits[torch.arange(batch), t, input_ids[:, t + 1 - half]] = 20.0
+        return SimpleNamespace(logits=logits)
+
+
+def test_the_probe_credits_copying_and_only_copying():
+    vocab = 50
+    sequences = induction_probe.repeated_sequences(torch.randint(vocab, (8, 16)), count=4, half=10)
+    assert torch.equal(sequences[:, :10], sequences[:, 10:])
+    first, second = induction_probe.copy_losses(Copier(vocab, copies=True), sequences, "fp32")
+    assert math.isclose(first, math.log(vocab), rel_tol=1e-5)  # nothing to copy from in the first copy
+    assert second < 1e-3  # every token after the second copy's first is predicted
+    first, second = induction_probe.copy_losses(Copier(vocab, copies=False), sequences, "fp32")
+    assert math.isclose(first, second, rel_tol=1e-5)  # a model that does not copy gains nothing
+
+
+def test_a_probed_run_is_the_ladders_run_and_a_stopped_one_keeps_its_probes(tmp_path):
+    ladder_dir, out = tmp_path / "ladder", tmp_path / "out"
+    ladder = open_ladder(LadderSettings.smoke(), ladder_dir, cache_dir(), progress=False)
+    plan = cell_plan(ladder, *CELL, 0)
+    own = train_cell(ladder, plan, progress=False)
+    common = [*SMOKE, "--ladder-dir", str(ladder_dir), "--out-dir", str(out), "--every", "2"]
+    assert induction_probe.main([*common, "--seeds", "0", "--until", str(10**6)]) == 0
+    (case,) = json.loads((out / "induction_probe.json").read_text())["cases"]
+    assert case["final_loss"] == own.final_loss  # probing does not move the run by a bit
+    assert [row["step"] for row in case["probes"]] == list(range(2, plan.settings.steps + 1, 2))
+    assert (out / "induction_probe.png").stat().st_size > 0
+    assert f"{own.final_loss:.3f}" in (out / "induction_probe.md").read_text()
+
+    stored = next((out / "cases").glob("*.json"))
+    before = stored.stat().st_mtime_ns
+    assert induction_probe.main([*common, "--seeds", "0"]) == 0  # a stored case is not trained again
+    assert stored.stat().st_mtime_ns == before
+
+    stop = plan.settings.steps // 2
+    assert induction_probe.main([*common, "--seeds", "1", "--until", str(stop)]) == 0
+    cases = {c["seed"]: c for c in json.loads((out / "induction_probe.json").read_text())["cases"]}
+    assert cases[1]["final_loss"] is None and cases[1]["probes"][-1]["step"] <= stop
+    assert not list((out / "checkpoints").iterdir())  # nothing of a finished case is left behind

@@ -611,6 +611,28 @@ def test_a_hires_variant_behind_by_more_than_the_noise_skips_the_top_rung(fake_l
     assert "D=4d" in summary["rungs"][1]["arms"] and "D=4d" not in summary["rungs"][-1]["arms"]
 
 
+def test_one_lucky_seed_does_not_keep_a_hires_variant_off_the_top_rung(fake_ladder, tmp_path):
+    """Seed 0 picks each arm's rate, but the arms are compared by the mean of their seeds there, as the table has it:
+    where hires's second seed falls back level with D=4d at the rung below, D=4d goes to the top rung too, and the
+    report gives each HiRes arm's multiplier, not only the one that came out ahead."""
+    ladder, trained = fake_ladder
+    ladder.settings = replace(ladder.settings, arms=("control", "plain-twin", "hires", "D=4d"))
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    hires = next(arm for arm in ladder.arms if arm.name == "hires")
+    below = len(ladder.rungs) - 2
+    lucky, *unlucky = ladder.seed_runs(hires, below, OPTIMA["hires"][0])
+    assert unlucky, "the grid seeds each arm's best rate"
+    for run in unlucky:  # seed 0 alone is 0.15 nats ahead of D=4d; the mean of both is level with it
+        ladder.store.put(replace(run, final_loss=lucky.final_loss + 0.3))
+    run_stages(ladder, ["top"], progress=False, log=lambda line: None)
+    assert "D=4d" in {p.arm.name for p in trained if p.shape == ladder.rungs[-1].shape}
+    summary = summarize(ladder)
+    assert summary["top_pruned"] == {}
+    assert set(summary["fit"]["multipliers"]) == {"hires", "D=4d"}
+    other = next(name for name in ("hires", "D=4d") if name != summary["fit"]["best_hires"])
+    assert f"The other HiRes arms at the same compute: {other} " in write_report(ladder, tmp_path / "report")
+
+
 def test_another_environments_python_sources_are_refused_before_they_retire_every_stored_run(
     fake_ladder, tmp_path, monkeypatch
 ):

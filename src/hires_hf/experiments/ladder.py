@@ -260,6 +260,11 @@ class Ladder:
         todo, losses = self.bracket(arm, self.rungs[index], *grid)
         return None if todo or not losses else losses
 
+    def seed_runs(self, arm: Arm, index: int, lr: float) -> list[Run]:
+        """Every stored seed of `arm` at rate `lr` at rung `index`, seed 0 first: the runs a cell's mean is over."""
+        runs = (self.stored(arm, self.rungs[index], [lr], seed=seed).get(lr) for seed in range(MOST_SEEDS))
+        return [run for run in runs if run is not None]
+
 
 def check_enough_data(ladder: Ladder) -> None:
     """Refuse a corpus too small for the ladder's longest run: a run that wraps around its data would compare the
@@ -446,18 +451,23 @@ def grid_stage(ladder: Ladder) -> Iterator[RunPlan]:
 def top_contenders(ladder: Ladder) -> tuple[list[Arm], dict[str, float]] | None:
     """The arms that go to the top rung, and {pruned HiRes arm: its gap to the best HiRes at the rung below}.
 
-    Both vanillas always go (the baseline is the better of them at the top). A HiRes arm goes if its best loss at
-    the rung below is within `FLOOR_NATS` of the best HiRes arm's there: a variant that is already worse by more
-    than the noise does not get the most expensive runs. None until every HiRes arm is settled at the rung below.
+    Both vanillas always go (the baseline is the better of them at the top). A HiRes arm goes if its loss at the
+    rung below (the mean of its seeds at its best rate, as the report's table has it) is within `FLOOR_NATS` of the
+    best HiRes arm's there: a variant already worse by more than the noise does not get the most expensive runs,
+    and one seed's luck alone does not decide which. None until every HiRes arm's seeds are in at the rung below.
     """
     below = len(ladder.rungs) - 2
-    hires = [arm for arm in ladder.arms if arm.kind == HIRES]
-    settled = {arm.name: ladder.settled(arm, below) for arm in hires} if below >= 0 else {}
-    if any(losses is None for losses in settled.values()):
-        return None
-    best = {name: min(losses.values()) for name, losses in settled.items() if losses is not None}
-    lowest = min(best.values(), default=0.0)
-    pruned = {name: loss - lowest for name, loss in best.items() if loss - lowest > FLOOR_NATS}
+    if below < 0:
+        return [*ladder.arms], {}
+    means = {}
+    for arm in (arm for arm in ladder.arms if arm.kind == HIRES):
+        losses = ladder.settled(arm, below)
+        seeds = [] if losses is None else ladder.seed_runs(arm, below, best_rate(losses))
+        if len(seeds) < ladder.settings.rung_seeds:
+            return None
+        means[arm.name] = statistics.fmean(run.final_loss for run in seeds)
+    lowest = min(means.values(), default=0.0)
+    pruned = {name: loss - lowest for name, loss in means.items() if loss - lowest > FLOOR_NATS}
     return [arm for arm in ladder.arms if arm.name not in pruned], pruned
 
 

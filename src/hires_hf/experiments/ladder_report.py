@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HiResUserError
-from ..eval.scaling import Point, PowerLaw, analyse
+from ..eval.scaling import Multiplier, Point, PowerLaw, analyse
 from ..io import write_json_atomic, write_text_atomic
 from ..plotting import ARM_COLOURS, Curve, draw_loss_vs_flops, pyplot, save_figure
 from ..tables import markdown_table
@@ -74,8 +74,7 @@ def rung_cells(ladder: Ladder, index: int) -> dict[str, dict[str, Any]]:
         if not runs:
             continue
         best = min(runs.values(), key=lambda r: r.final_loss)
-        others = [ladder.stored(arm, rung, [best.lr], seed=seed).get(best.lr) for seed in range(1, MOST_SEEDS)]
-        seeds = [best, *(r for r in others if r is not None)]
+        seeds = ladder.seed_runs(arm, index, best.lr)
         losses = [r.final_loss for r in seeds]
         cells[arm.name] = {
             "best_lr": best.lr,
@@ -363,27 +362,32 @@ def fit(summary: dict[str, Any], noise: float | None) -> dict[str, Any] | None:
         for name, cell in rung["arms"].items():
             points.append(Point(name, 1, rung["flops"], cell["loss"]))
     hires = top["best_hires"]
-    chosen = [p for p in points if p.arch in ("baseline", hires)]
+    variants = [name for name in top["arms"] if ladder_arms([name])[0].kind == HIRES]
+    chosen = [p for p in points if p.arch == "baseline" or p.arch in variants]
     report = analyse(chosen, baseline="baseline", at_compute=top["flops"], bootstrap=2000, noise=noise or 0.0)
     laws = analyse(points, baseline="baseline", bootstrap=0)
-    multiplier = report.multipliers[0] if report.multipliers else None
+    multipliers = {m.arch: _multiplier_record(m) for m in report.multipliers}
     gaps = [(math.log(r["flops"]), r["gap"]) for r in complete]
     slope = _slope(gaps)
     return {
         "laws": {arch: {"A": f.law.A, "alpha": f.law.alpha, "points": len(f.runs)} for arch, f in laws.fits.items()},
         "best_hires": hires,
-        "multiplier": None
-        if multiplier is None
-        else {
-            "value": multiplier.value,
-            "ci_low": multiplier.ci_low,
-            "ci_high": multiplier.ci_high,
-            "confidence": multiplier.confidence,
-            "at_flops": multiplier.at_compute,
-        },
+        "multiplier": multipliers.get(hires),
+        "multipliers": multipliers,
         "gap_per_decade": None if slope is None else slope * math.log(10),
         "seed_sd": noise,
         "article": article_test(laws.fits["baseline"].law, summary["rungs"][-1]["flops"], noise),
+    }
+
+
+def _multiplier_record(multiplier: Multiplier) -> dict[str, float]:
+    """One arm's multiplier over the baseline, as `summary.json` holds it."""
+    return {
+        "value": multiplier.value,
+        "ci_low": multiplier.ci_low,
+        "ci_high": multiplier.ci_high,
+        "confidence": multiplier.confidence,
+        "at_flops": multiplier.at_compute,
     }
 
 
@@ -770,6 +774,12 @@ def markdown(summary: dict[str, Any]) -> str:
             f"{result['seed_sd'] or 0:.4f} nats of seed noise a point); gap trend "
             f"{result['gap_per_decade']:+.3f} nats per decade of compute."
         )
+        others = {name: m for name, m in result.get("multipliers", {}).items() if name != result["best_hires"]}
+        if others:
+            each = "; ".join(
+                f"{name} {m['value']:.3f} ({m['ci_low']:.3f}-{m['ci_high']:.3f})" for name, m in others.items()
+            )
+            lines[-1] += f" The other HiRes arms at the same compute: {each}."
         if result.get("article"):
             a = result["article"]
             lines += [

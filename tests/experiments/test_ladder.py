@@ -36,6 +36,7 @@ from hires_hf.experiments.ladder import (
 from hires_hf.experiments.ladder_report import (
     budget,
     budget_table,
+    gap_trend,
     rate_tables,
     share_to_reach,
     summarize,
@@ -631,6 +632,19 @@ def test_one_lucky_seed_does_not_keep_a_hires_variant_off_the_top_rung(fake_ladd
     assert set(summary["fit"]["multipliers"]) == {"hires", "D=4d"}
     other = next(name for name in ("hires", "D=4d") if name != summary["fit"]["best_hires"])
     assert f"The other HiRes arms at the same compute: {other} " in write_report(ladder, tmp_path / "report")
+
+
+def test_a_hires_arms_trend_follows_that_arm_where_the_best_hires_changes_from_rung_to_rung():
+    """HiRes ahead of D=4d at rung 1 and D=4d ahead by a hair at rung 2: each arm's trend is read from its own gaps,
+    not from whichever arm was best at each rung (which would give D=4d a trend from HiRes's rung-1 gap)."""
+
+    def rung(flops, control, hires, d4):
+        losses = {"control": control, "hires": hires, "D=4d": d4}
+        return {"flops": flops, "baseline": "control", "arms": {name: {"loss": v} for name, v in losses.items()}}
+
+    rungs = [rung(1e14, 2.80, 2.90, 3.00), rung(1e15, 2.50, 2.55, 2.549)]
+    assert gap_trend(rungs, "hires") == pytest.approx(-0.05)  # +0.10 to +0.05 over one decade
+    assert gap_trend(rungs, "D=4d") == pytest.approx(-0.151)  # +0.20 to +0.049
 
 
 def test_another_environments_python_sources_are_refused_before_they_retire_every_stored_run(

@@ -366,15 +366,15 @@ def fit(summary: dict[str, Any], noise: float | None) -> dict[str, Any] | None:
     chosen = [p for p in points if p.arch == "baseline" or p.arch in variants]
     report = analyse(chosen, baseline="baseline", at_compute=top["flops"], bootstrap=2000, noise=noise or 0.0)
     laws = analyse(points, baseline="baseline", bootstrap=0)
-    multipliers = {m.arch: _multiplier_record(m) for m in report.multipliers}
-    gaps = [(math.log(r["flops"]), r["gap"]) for r in complete]
-    slope = _slope(gaps)
+    multipliers = {
+        m.arch: {**_multiplier_record(m), "gap_per_decade": gap_trend(complete, m.arch)} for m in report.multipliers
+    }
     return {
         "laws": {arch: {"A": f.law.A, "alpha": f.law.alpha, "points": len(f.runs)} for arch, f in laws.fits.items()},
         "best_hires": hires,
         "multiplier": multipliers.get(hires),
         "multipliers": multipliers,
-        "gap_per_decade": None if slope is None else slope * math.log(10),
+        "gap_per_decade": gap_trend(complete, hires),
         "seed_sd": noise,
         "article": article_test(laws.fits["baseline"].law, summary["rungs"][-1]["flops"], noise),
     }
@@ -425,6 +425,16 @@ def without_stalls(losses: list[float]) -> list[float]:
     applied where it does not watch (the floor's runs have no rung baseline to be held against)."""
     median = statistics.median(losses)
     return [loss for loss in losses if loss - median <= STALL_NATS]
+
+
+def gap_trend(rungs: list[dict[str, Any]], name: str) -> float | None:
+    """How `name`'s gap to each rung's baseline moves per decade of compute (nats; negative: closing), through the
+    rungs that have it: one arm's own gaps, since the best HiRes arm can differ from rung to rung."""
+    gaps = [
+        (r["flops"], r["arms"][name]["loss"] - r["arms"][r["baseline"]]["loss"]) for r in rungs if name in r["arms"]
+    ]
+    slope = _slope([(math.log(flops), gap) for flops, gap in gaps])
+    return None if slope is None else slope * math.log(10)
 
 
 def _slope(points: list[tuple[float, float]]) -> float | None:
@@ -777,7 +787,8 @@ def markdown(summary: dict[str, Any]) -> str:
         others = {name: m for name, m in result.get("multipliers", {}).items() if name != result["best_hires"]}
         if others:
             each = "; ".join(
-                f"{name} {m['value']:.3f} ({m['ci_low']:.3f}-{m['ci_high']:.3f})" for name, m in others.items()
+                f"{name} {m['value']:.3f} ({m['ci_low']:.3f}-{m['ci_high']:.3f}), {m['gap_per_decade']:+.3f} a decade"
+                for name, m in others.items()
             )
             lines[-1] += f" The other HiRes arms at the same compute: {each}."
         if result.get("article"):

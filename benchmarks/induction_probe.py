@@ -41,7 +41,7 @@ from hires_hf.experiments.ladder import Ladder, LadderSettings, cell_plan, open_
 from hires_hf.experiments.ladder_report import running_mean
 from hires_hf.experiments.runs import git_commit, machine
 from hires_hf.io import write_json_atomic, write_text_atomic
-from hires_hf.plotting import pyplot
+from hires_hf.plotting import ARM_COLOURS, pyplot
 from hires_hf.tables import markdown_table
 from hires_hf.training.loop import autocast, train_loop
 
@@ -49,6 +49,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "induction_probe"
 LADDER = Path(__file__).resolve().parent / "results" / "ladder"
 ONSET_NATS = 1.0  # a copying gain this large marks the transition as under way
 PROBE_SEQUENCES = 32
+ZOOM_FROM = 300  # the loss plot's top is the highest loss from this step on
+LINE_STYLES = ("-", "--", ":", "-.")  # one per seed of an arm, in the order they are listed
 PROBE_SEED = 1234  # the probe's own generator: the training run's random state is never touched
 
 
@@ -195,7 +197,7 @@ def table(cases: list[dict[str, Any]], traces: dict[str, list[tuple[int, float]]
         body.append(
             [
                 f"{case['arm']} {case['rung']} lr {case['lr']:g} seed {case['seed']}",
-                "not by " + str(case["until"]) if start is None else f"{start:,}",
+                f"not by {case['until']:,}" if start is None else f"{start:,}",
                 "" if last is None else f"{last['gain']:.2f} @{last['step']:,}",
                 *("" if x is None else f"{x:.3f}" for x in losses),
                 "" if final is None else f"{final:.3f}",
@@ -206,21 +208,30 @@ def table(cases: list[dict[str, Any]], traces: dict[str, list[tuple[int, float]]
 
 def plot(cases: list[dict[str, Any]], traces: dict[str, list[tuple[int, float]] | None], path: Path) -> Path:
     """Per rung: the training loss (running mean, from the ladder's trace) above the copying gain, on one step
-    axis, a colour per run."""
+    axis: a colour per arm, a line style per seed, each run's final loss in its label."""
     plt = pyplot()
     rungs = sorted({c["rung"] for c in cases})
     fig, axes = plt.subplots(2, len(rungs), figsize=(7 * len(rungs), 8), squeeze=False, sharex="col")
     for column, rung in enumerate(rungs):
         top, bottom = axes[0][column], axes[1][column]
-        for colour, case in enumerate(c for c in cases if c["rung"] == rung):
-            label = f"{case['arm']} lr {case['lr']:g} seed {case['seed']}"
+        seen: dict[str, int] = {}
+        ceiling = 0.0
+        for case in (c for c in cases if c["rung"] == rung):
+            nth = seen[case["arm"]] = seen.get(case["arm"], -1) + 1
+            final = "" if case.get("ladder_final") is None else f", final {case['ladder_final']:.3f}"
+            style = {"color": ARM_COLOURS.get(case["arm"]), "ls": LINE_STYLES[nth % len(LINE_STYLES)]}
+            label = f"{case['arm']} lr {case['lr']:g} seed {case['seed']}{final}"
             trace = traces.get(case["ladder_key"])
             if trace:
                 steps = [s for s, _ in trace if s <= case["until"]]
                 losses = running_mean([x for s, x in trace if s <= case["until"]], 25)
-                top.plot(steps, losses, color=f"C{colour}", label=label)
+                top.plot(steps, losses, label=label, **style)
+                later = [x for step, x in zip(steps, losses, strict=True) if step >= ZOOM_FROM]
+                ceiling = max(ceiling, *later)
             probes = case["probes"]
-            bottom.plot([r["step"] for r in probes], [r["gain"] for r in probes], color=f"C{colour}", label=label)
+            bottom.plot([r["step"] for r in probes], [r["gain"] for r in probes], label=label, **style)
+        if ceiling:
+            top.set_ylim(top=ceiling + 0.05)  # the first steps' fall from ~8 nats would flatten the plateau
         top.set_title(f"{rung}: training loss (running mean of 25 steps)", fontsize=10)
         top.set_ylabel("training loss")
         (top if top.lines else bottom).legend(fontsize=8)  # runs without a trace are named below

@@ -227,7 +227,7 @@ def plot(cases: list[dict[str, Any]], traces: dict[str, list[tuple[int, float]] 
                 losses = running_mean([x for s, x in trace if s <= case["until"]], 25)
                 top.plot(steps, losses, label=label, **style)
                 later = [x for step, x in zip(steps, losses, strict=True) if step >= ZOOM_FROM]
-                ceiling = max(ceiling, *later)
+                ceiling = max([ceiling, *later])  # a trace that ends before ZOOM_FROM adds nothing
             probes = case["probes"]
             bottom.plot([r["step"] for r in probes], [r["gain"] for r in probes], label=label, **style)
         if ceiling:

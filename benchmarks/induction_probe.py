@@ -86,6 +86,30 @@ def copy_losses(model: nn.Module, sequences: torch.Tensor, precision: str) -> tu
     return losses[:, : half - 1].mean().item(), losses[:, half:].mean().item()
 
 
+@torch.no_grad()
+def head_scores(model: nn.Module, sequences: torch.Tensor) -> dict[str, list[float]]:
+    """Per layer, its strongest head's *induction* score (the attention a second-copy token pays to the token that
+    followed its first occurrence, which is what an induction head looks up) and *previous-token* score (the
+    attention a first-copy token pays to the token just before it, the other half of the circuit): where in depth
+    the copying circuit lives. Read in fp32 eager attention, the only kind that returns its weights."""
+    was_training, implementation = model.training, model.config._attn_implementation
+    model.eval()
+    model.set_attn_implementation("eager")
+    try:
+        attentions = model(input_ids=sequences, output_attentions=True).attentions
+    finally:
+        model.set_attn_implementation(implementation)
+        model.train(was_training)
+    half = sequences.shape[1] // 2
+    second = torch.arange(half, 2 * half - 1, device=sequences.device)  # a token whose successor is known
+    first = torch.arange(1, half, device=sequences.device)
+    induction, previous = [], []
+    for weights in attentions:  # (batch, heads, query, key)
+        induction.append(weights[:, :, second, second - half + 1].mean(dim=(0, 2)).max().item())
+        previous.append(weights[:, :, first, first - 1].mean(dim=(0, 2)).max().item())
+    return {"induction": induction, "previous": previous}
+
+
 def probe_hook(
     sequences: torch.Tensor, precision: str, every: int, rows: dict[int, dict[str, float]], save: Callable[[], None]
 ) -> Callable[[nn.Module, int], None]:
@@ -95,7 +119,8 @@ def probe_hook(
         if (step + 1) % every:
             return
         first, second = copy_losses(model, sequences, precision)
-        rows[step + 1] = {"step": step + 1, "first": first, "second": second, "gain": first - second}
+        row = {"step": step + 1, "first": first, "second": second, "gain": first - second}
+        rows[step + 1] = {**row, **head_scores(model, sequences)}
         save()
 
     return hook
@@ -180,6 +205,22 @@ def loss_at(trace: list[tuple[int, float]] | None, step: int, window: int = 50) 
     return sum(values) / len(values) if values else None
 
 
+def is_complete(case: dict[str, Any], key: str) -> bool:
+    """A stored case stands for ladder run `key` if it probed that run and measured the heads too (cases stored
+    before the head scores existed are probed again when their command is rerun)."""
+    return case["ladder_key"] == key and all("induction" in row for row in case["probes"])
+
+
+def circuit(case: dict[str, Any]) -> str:
+    """Where the copying circuit sits at the last probe: the layer with the strongest induction head and the one
+    with the strongest previous-token head, each with its score ('' for a case without head scores)."""
+    last = case["probes"][-1] if case["probes"] else {}
+    if "induction" not in last:
+        return ""
+    picks = [(name, max(range(len(last[name])), key=last[name].__getitem__)) for name in ("induction", "previous")]
+    return ", ".join(f"{name[:4]}. L{layer} {last[name][layer]:.2f}" for name, layer in picks)
+
+
 def stored_cases(out_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(path.read_text(encoding="utf-8")) for path in sorted((out_dir / "cases").glob("*.json"))]
 
@@ -187,7 +228,8 @@ def stored_cases(out_dir: Path) -> list[dict[str, Any]]:
 def table(cases: list[dict[str, Any]], traces: dict[str, list[tuple[int, float]] | None], marks: list[int]) -> str:
     """One row per case: when its copying gain passes ONSET_NATS, the gain there and at the last probe, the
     training loss at `marks`, and the ladder run's final loss."""
-    header = ["run", f"gain ≥ {ONSET_NATS:g} nat at step", "last gain", *(f"loss @{m}" for m in marks), "final"]
+    header = ["run", f"gain ≥ {ONSET_NATS:g} nat at step", "last gain", "heads at the last probe"]
+    header += [*(f"loss @{m}" for m in marks), "final"]
     body = []
     for case in cases:
         trace, start = traces.get(case["ladder_key"]), onset(case)
@@ -199,11 +241,12 @@ def table(cases: list[dict[str, Any]], traces: dict[str, list[tuple[int, float]]
                 f"{case['arm']} {case['rung']} lr {case['lr']:g} seed {case['seed']}",
                 f"not by {case['until']:,}" if start is None else f"{start:,}",
                 "" if last is None else f"{last['gain']:.2f} @{last['step']:,}",
+                circuit(case),
                 *("" if x is None else f"{x:.3f}" for x in losses),
                 "" if final is None else f"{final:.3f}",
             ]
         )
-    return "\n".join(markdown_table(header, body, align="llr" + "r" * len(marks) + "r"))
+    return "\n".join(markdown_table(header, body, align="llrl" + "r" * len(marks) + "r"))
 
 
 def plot(cases: list[dict[str, Any]], traces: dict[str, list[tuple[int, float]] | None], path: Path) -> Path:
@@ -245,6 +288,37 @@ def plot(cases: list[dict[str, Any]], traces: dict[str, list[tuple[int, float]] 
     return path
 
 
+def plot_heads(cases: list[dict[str, Any]], path: Path) -> Path | None:
+    """One panel per case with head scores: each layer's strongest induction score (colour) along the steps,
+    so that one sees in which layer, and when, the induction head forms. None if no case has head scores."""
+    cases = [c for c in cases if c["probes"] and all("induction" in row for row in c["probes"])]
+    if not cases:
+        return None
+    plt = pyplot()
+    columns = min(3, len(cases))
+    rows = -(-len(cases) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.2 * rows), squeeze=False)
+    for ax, case in zip(axes.flat, cases, strict=False):
+        probes = case["probes"]
+        scores = [[row["induction"][layer] for row in probes] for layer in range(len(probes[0]["induction"]))]
+        extent = (probes[0]["step"], probes[-1]["step"], len(scores) - 0.5, -0.5)
+        image = ax.imshow(scores, aspect="auto", vmin=0, vmax=1, cmap="viridis", extent=extent)
+        start = onset(case)
+        ax.set_title(
+            f"{case['arm']} {case['rung']} seed {case['seed']}: gain ≥ {ONSET_NATS:g} at "
+            + ("-" if start is None else f"{start:,}"),
+            fontsize=9,
+        )
+        ax.set_xlabel("step")
+        ax.set_ylabel("layer")
+    for ax in list(axes.flat)[len(cases) :]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="strongest head's induction score")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_report(ladder: Ladder, out_dir: Path, marks: list[int]) -> str:
     cases = stored_cases(out_dir)
     if not cases:
@@ -257,17 +331,21 @@ def write_report(ladder: Ladder, out_dir: Path, marks: list[int]) -> str:
     commands = "\n".join(dict.fromkeys(c["command"] for c in cases if "command" in c))
     write_json_atomic(out_dir / "induction_probe.json", {"onset_nats": ONSET_NATS, "cases": cases})
     plot(cases, traces, out_dir / "induction_probe.png")
+    heads = plot_heads(cases, out_dir / "induction_heads.png")
     intro = (
         "# Is the plateau the induction-head transition?\n\n"
         "Ladder runs retrained step for step (`benchmarks/induction_probe.py`), their in-context copying probed: "
         f"{PROBE_SEQUENCES} sequences of shuffled validation tokens, each followed by itself; the *gain* is the "
         "loss on the first copy minus the loss on the second. Training losses are the ladder's trace of the same "
-        "run, a mean over the 50 steps up to each mark; *final* is the ladder run's final validation loss.\n\n"
+        "run, a mean over the 50 steps up to each mark; *final* is the ladder run's final validation loss. "
+        "*Heads*: the layer (from 0; blocks are 4 layers) whose strongest head pays the most attention to the "
+        "token after the current token's earlier occurrence (*indu.*, an induction head) and to the token just "
+        "before (*prev.*), with that attention.\n\n"
     )
-    write_text_atomic(
-        out_dir / "induction_probe.md",
-        f"{intro}```\n{commands}\n```\n\n{text}\n\n![induction probe](induction_probe.png)\n",
-    )
+    figures = "![induction probe](induction_probe.png)\n"
+    if heads is not None:
+        figures += "\n![induction score by layer and step](induction_heads.png)\n"
+    write_text_atomic(out_dir / "induction_probe.md", f"{intro}```\n{commands}\n```\n\n{text}\n\n{figures}")
     return text
 
 
@@ -299,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             plan = cell_plan(ladder, args.arm, args.rung, args.lr, seed)
             path = args.out_dir / "cases" / f"{case_name(args.arm, args.rung, plan.settings.learning_rate, seed)}.json"
-            if path.exists() and json.loads(path.read_text(encoding="utf-8"))["ladder_key"] == plan.key:
+            if path.exists() and is_complete(json.loads(path.read_text(encoding="utf-8")), plan.key):
                 continue
             case = train_probed(ladder, plan, args.every, args.until, args.out_dir / "checkpoints", not args.quiet)
             write_json_atomic(path, {**case, "command": command})

@@ -47,6 +47,42 @@ def test_the_probe_credits_copying_and_only_copying():
     assert math.isclose(first, second, rel_tol=1e-5)  # a model that does not copy gains nothing
 
 
+class Circuit(nn.Module):
+    """Two layers of one-hot attention: layer 0 a previous-token head, layer 1 an induction head over a sequence
+    and its repeat; the other head of each layer attends to the first token. Asks for eager attention as a
+    transformers model does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = SimpleNamespace(_attn_implementation="sdpa")
+        self.asked: list[str] = []
+
+    def set_attn_implementation(self, implementation: str) -> None:
+        self.asked.append(implementation)
+        self.config._attn_implementation = implementation
+
+    def forward(self, input_ids: torch.Tensor, output_attentions: bool) -> SimpleNamespace:
+        assert output_attentions and self.config._attn_implementation == "eager"
+        batch, length = input_ids.shape
+        half = length // 2
+        previous, induction = torch.zeros(2, batch, 2, length, length)
+        previous[:, :, :, 0] = induction[:, :, :, 0] = 1.0  # position 0 and the idle heads look at the first token
+        for t in range(1, length):
+            previous[:, 0, t] = torch.nn.functional.one_hot(torch.tensor(t - 1), length)
+        for t in range(half, length):
+            induction[:, 0, t] = torch.nn.functional.one_hot(torch.tensor(t - half + 1), length)
+        return SimpleNamespace(attentions=(previous, induction))
+
+
+def test_the_head_scores_find_the_previous_token_head_and_the_induction_head_in_their_layers():
+    sequences = induction_probe.repeated_sequences(torch.randint(50, (8, 16)), count=3, half=12)
+    model = Circuit().train()
+    scores = induction_probe.head_scores(model, sequences)
+    assert scores["previous"][0] == 1.0 and scores["induction"][1] == 1.0
+    assert scores["induction"][0] < 0.1 and scores["previous"][1] < 0.1  # each head scores only its own pattern
+    assert model.asked == ["eager", "sdpa"] and model.training  # the model trains on as it was set
+
+
 def test_a_probed_run_is_the_ladders_run_and_a_stopped_one_keeps_its_probes(tmp_path):
     ladder_dir, out = tmp_path / "ladder", tmp_path / "out"
     ladder = open_ladder(LadderSettings.smoke(), ladder_dir, cache_dir(), progress=False)
@@ -57,6 +93,9 @@ def test_a_probed_run_is_the_ladders_run_and_a_stopped_one_keeps_its_probes(tmp_
     (case,) = json.loads((out / "induction_probe.json").read_text())["cases"]
     assert case["final_loss"] == own.final_loss  # probing does not move the run by a bit
     assert [row["step"] for row in case["probes"]] == list(range(2, plan.settings.steps + 1, 2))
+    layers = plan.shape.num_hidden_layers
+    assert all(len(row["induction"]) == len(row["previous"]) == layers for row in case["probes"])
+    assert (out / "induction_heads.png").stat().st_size > 0
     assert (out / "induction_probe.png").stat().st_size > 0
     assert f"{own.final_loss:.3f}" in (out / "induction_probe.md").read_text()
 

@@ -59,14 +59,15 @@ def fake_ladder(tmp_path, monkeypatch, smoke_settings):
     """A smoke ladder whose runs are not trained: `execute` stores a run with the parabola's loss."""
     ladder = open_ladder(smoke_settings, tmp_path, progress=False)
     trained = []
-    seed_effect = {"nats": 0.001}  # what one seed step adds to the loss: a test raises it for a noisy ladder
+    seed_effect = {"nats": 0.001}  # what one seed step adds to the loss: a test raises it (or one arm's) for noise
 
     def fake_execute(plan, data, device="cpu", store=None, keep=None, **hooks):
         best_lr, best_loss = OPTIMA[plan.arm.name]
         lr, seed = plan.settings.learning_rate, plan.settings.seed
         size = plan.budget.flops / 1e9
         distance = math.log2(lr) - math.log2(best_lr)
-        loss = best_loss - 0.1 * math.log(size) + 0.05 * distance**2 + seed_effect["nats"] * seed
+        per_seed = seed_effect.get(plan.arm.name, seed_effect["nats"])
+        loss = best_loss - 0.1 * math.log(size) + 0.05 * distance**2 + per_seed * seed
         run = Run(plan.arm.name, lr, seed, plan.settings.steps, 1.0, loss, [(plan.budget.flops, loss)], 1.0, 1.0, False)
         run.key, run.spec = plan.key, plan.spec
         store.put(run)
@@ -870,6 +871,22 @@ def test_a_stalled_seed_is_shown_but_not_counted_as_seed_noise_in_the_multiplier
     assert after["seed_sd"] == pytest.approx(before["seed_sd"], abs=0.01)
     width = [fit["multiplier"]["ci_high"] / fit["multiplier"]["ci_low"] for fit in (before, after)]
     assert width[1] < 2 * width[0]
+
+
+def test_an_arm_whose_seeds_scatter_widens_its_own_gap_interval_and_not_the_steady_arms(fake_ladder):
+    """On the CPU ladder HiRes's seeds scatter ~0.09 nats and the vanillas' ~0.01-0.03. One pooled noise made the
+    twin's 0.06 deficit to the control look like noise and HiRes's gaps look surer than its seeds allow."""
+    ladder, _ = fake_ladder
+    ladder.settings = replace(ladder.settings, rung_seeds=3, top_seeds=3)
+    ladder.seed_effect.update(nats=0.002, hires=0.05)
+    run_stages(ladder, ["grid", "top"], progress=False, log=lambda line: None)
+    summary = summarize(ladder)
+    rung = summary["rungs"][0]
+    vanilla = next(name for name in ("control", "plain-twin") if name != rung["baseline"])
+    assert rung["gap_interval"][vanilla] < 0.01  # two steady arms are told apart by a few thousandths
+    assert rung["gap_interval"]["hires"] > 0.05  # three seeds 0.05 apart a step cannot place HiRes that closely
+    noise = summary["fit"]["noise"]
+    assert noise["hires"] == pytest.approx(0.05, rel=1e-3) and noise["baseline"] == pytest.approx(0.002, rel=1e-3)
 
 
 def test_a_rung_whose_grid_waits_on_a_reopened_bracket_below_still_shows_its_runs_but_is_not_fitted(fake_ladder):

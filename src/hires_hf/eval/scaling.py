@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -250,6 +250,10 @@ def _bootstrap_laws(
     return laws
 
 
+def _noise_for(noise: float | Mapping[str, float], arch: str) -> float:
+    return noise.get(arch, 0.0) if isinstance(noise, Mapping) else noise
+
+
 def analyse(
     runs: Sequence[Point],
     baseline: str = "control",
@@ -259,20 +263,21 @@ def analyse(
     bootstrap: int = 1000,
     confidence: float = 0.95,
     seed: int = 0,
-    noise: float = 0.0,
+    noise: float | Mapping[str, float] = 0.0,
 ) -> ScalingReport:
     """Fit every architecture; the multiplier of each one over `baseline` (if present) with a bootstrap CI.
 
     The multiplier is taken at `at_loss`, else at `at_compute`, else at the largest compute that architecture
     was run at (inside the data: no extrapolation of its own law). `noise`: the loss noise of one point in nats
-    (e.g. the seed standard deviation), a lower bound on what the bootstrap draws for each point.
+    (e.g. the seed standard deviation), a lower bound on what the bootstrap draws for each point; one number for
+    every architecture, or one per architecture (those it does not name: none) where their seeds scatter unequally.
     """
     fits = fit_architectures(runs, irreducible)
     report = ScalingReport(fits=fits)
     if baseline not in fits:
         return report
     rng = np.random.default_rng(seed)
-    baseline_laws = _bootstrap_laws(fits[baseline], irreducible, rng, bootstrap, noise)
+    baseline_laws = _bootstrap_laws(fits[baseline], irreducible, rng, bootstrap, _noise_for(noise, baseline))
     for arch, fit in fits.items():
         if arch == baseline:
             continue
@@ -282,7 +287,7 @@ def analyse(
             )
         compute = None if at_loss is not None else (at_compute or max(run.flops for run in fit.runs))
         value = efficiency_multiplier(fit.law, fits[baseline].law, at_compute=compute, at_loss=at_loss)
-        laws = _bootstrap_laws(fit, irreducible, rng, bootstrap, noise)
+        laws = _bootstrap_laws(fit, irreducible, rng, bootstrap, _noise_for(noise, arch))
         draws = np.array(
             [efficiency_multiplier(h, v, compute, at_loss) for h, v in zip(laws, baseline_laws, strict=True)]
         )

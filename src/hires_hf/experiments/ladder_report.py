@@ -35,7 +35,8 @@ from .ladder import (
     precision_rate,
     top_contenders,
 )
-from .stalls import STALL_NATS, baseline_at
+from .seed_noise import Noise, pooled, welch_half_width, without_stalls
+from .stalls import baseline_at
 
 COMMANDS = {  # how each device's ladder is run, and what one worker of its budget is
     "cpu": (
@@ -58,6 +59,8 @@ WORKER = {
 # The article's claim, and the test a gap of that size needs: two-sided at 95% confidence, with 80% power
 ARTICLE_MULTIPLIER = 1.30
 Z_CONFIDENCE, Z_POWER = 1.96, 0.84
+VANILLAS = ("control", "plain-twin")  # the better of the two at a rung is its baseline
+ALL_ARMS = "all arms"  # the noise pooled over every cell: an arm without several seeds falls back on it
 BELOW_OPEN = "rung below open"  # an arm's grid here is centred once its bracket at the rung below closes
 
 
@@ -293,7 +296,7 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
     }
     for index, rung in enumerate(rungs):
         cells = rung_cells(ladder, index)
-        vanillas = {name: cells[name]["loss"] for name in ("control", "plain-twin") if name in cells}
+        vanillas = {name: cells[name]["loss"] for name in VANILLAS if name in cells}
         baseline = min(vanillas, key=vanillas.__getitem__) if vanillas else None
         hires = {name: c["loss"] for name, c in cells.items() if ladder_arms([name])[0].kind == HIRES}
         best_hires = min(hires, key=hires.__getitem__) if hires else None
@@ -313,7 +316,8 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
                 "baseline_share": shares,
             }
         )
-    noise = seed_sd(summary)
+    noise = seed_noise(summary)
+    summary["noise"] = {name: {"sd": n.sd, "df": n.df} for name, n in noise.items()}
     for rung in summary["rungs"]:
         rung["gap_interval"] = gap_intervals(rung, noise)
     summary["in_flight"] = in_flight(ladder, summary["rungs"])
@@ -330,17 +334,24 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
     return summary
 
 
-def gap_intervals(rung: dict[str, Any], noise: float | None) -> dict[str, float]:
+def gap_intervals(rung: dict[str, Any], noise: dict[str, Noise]) -> dict[str, float]:
     """Per arm but the baseline, the half-width of a 95% interval on its gap to the baseline: the difference of two
-    seed means, each run carrying the pooled seed noise, so that a gap inside it is not read as a difference."""
-    if not noise or not rung["baseline"]:
+    seed means, each side with its own arm's seed noise (Welch), so that a gap inside it is not read as a
+    difference."""
+    baseline = rung["baseline"]
+    if not baseline or noise_of(noise, baseline) is None:
         return {}
-    base = rung["arms"][rung["baseline"]]["seeds"]
+    base = rung["arms"][baseline]["seeds"]
     return {
-        name: Z_CONFIDENCE * noise * math.sqrt(1 / cell["seeds"] + 1 / base)
+        name: welch_half_width(noise_of(noise, name), cell["seeds"], noise_of(noise, baseline), base)
         for name, cell in rung["arms"].items()
-        if name != rung["baseline"]
+        if name != baseline
     }
+
+
+def noise_of(noise: dict[str, Noise], name: str) -> Noise | None:
+    """An arm's own seed noise, or the all-arms pool where it has no cell with several seeds yet."""
+    return noise.get(name, noise.get(ALL_ARMS))
 
 
 def settled_rung(rung: dict[str, Any]) -> bool:
@@ -349,9 +360,10 @@ def settled_rung(rung: dict[str, Any]) -> bool:
     return all(cell["bracket"] == "bracketed" for cell in rung["arms"].values())
 
 
-def fit(summary: dict[str, Any], noise: float | None) -> dict[str, Any] | None:
+def fit(summary: dict[str, Any], noise: dict[str, Noise]) -> dict[str, Any] | None:
     """Power laws per arm over the rungs and the best HiRes's FLOPs multiplier over the baseline, at the top; `noise`
-    is the pooled seed noise of one run (`seed_sd`), the bootstrap's least noise a point."""
+    is each arm's seed noise of one run (`seed_noise`), the bootstrap's least noise for that arm's points (the
+    baseline's: the two vanillas' pooled, since it is one or the other from rung to rung)."""
     complete = [r for r in summary["rungs"] if r["baseline"] and r["best_hires"] and settled_rung(r)]
     if len(complete) < 2:
         return None
@@ -364,7 +376,8 @@ def fit(summary: dict[str, Any], noise: float | None) -> dict[str, Any] | None:
     hires = top["best_hires"]
     variants = [name for name in top["arms"] if ladder_arms([name])[0].kind == HIRES]
     chosen = [p for p in points if p.arch == "baseline" or p.arch in variants]
-    report = analyse(chosen, baseline="baseline", at_compute=top["flops"], bootstrap=2000, noise=noise or 0.0)
+    floors = {name: n.sd for name in ["baseline", *variants] if (n := noise_of(noise, name)) is not None}
+    report = analyse(chosen, baseline="baseline", at_compute=top["flops"], bootstrap=2000, noise=floors)
     laws = analyse(points, baseline="baseline", bootstrap=0)
     multipliers = {
         m.arch: {**_multiplier_record(m), "gap_per_decade": gap_trend(complete, m.arch)} for m in report.multipliers
@@ -375,8 +388,9 @@ def fit(summary: dict[str, Any], noise: float | None) -> dict[str, Any] | None:
         "multiplier": multipliers.get(hires),
         "multipliers": multipliers,
         "gap_per_decade": gap_trend(complete, hires),
-        "seed_sd": noise,
-        "article": article_test(laws.fits["baseline"].law, summary["rungs"][-1]["flops"], noise),
+        "seed_sd": None if ALL_ARMS not in noise else noise[ALL_ARMS].sd,
+        "noise": floors,
+        "article": article_test(laws.fits["baseline"].law, summary["rungs"][-1]["flops"], floors, hires),
     }
 
 
@@ -391,40 +405,41 @@ def _multiplier_record(multiplier: Multiplier) -> dict[str, float]:
     }
 
 
-def article_test(baseline: PowerLaw, flops: float, noise: float | None) -> dict[str, Any] | None:
+def article_test(baseline: PowerLaw, flops: float, noise: dict[str, float], hires: str) -> dict[str, Any] | None:
     """What the article's 1.30x is worth in nats at the top rung (the baseline's law at `flops` against its law at
-    1.30x those FLOPs), and the seeds a side whose means tell that gap from none, given the measured seed noise."""
-    if not noise:
+    1.30x those FLOPs), and the seeds a side whose means tell that gap from none, given the seed noise of the
+    baseline and of the best HiRes arm `hires`."""
+    if "baseline" not in noise or hires not in noise:
         return None
     gap = float(baseline.loss(flops) - baseline.loss(ARTICLE_MULTIPLIER * flops))
-    return {"multiplier": ARTICLE_MULTIPLIER, "at_flops": flops, "gap": gap, "seeds": seeds_to_tell(gap, noise)}
+    seeds = seeds_to_tell(gap, noise[hires], noise["baseline"])
+    return {"multiplier": ARTICLE_MULTIPLIER, "at_flops": flops, "gap": gap, "seeds": seeds}
 
 
-def seeds_to_tell(gap: float, sd: float) -> int:
+def seeds_to_tell(gap: float, sd: float, other_sd: float | None = None) -> int:
     """Seeds a side for the difference of two seed means to tell a `gap` from none (95% two-sided, 80% power), when
-    one run's final loss carries `sd` nats of seed noise; two at the least, for a spread to be measured at all."""
-    return max(2, math.ceil(2 * ((Z_CONFIDENCE + Z_POWER) * sd / gap) ** 2))
+    one side's runs carry `sd` nats of seed noise and the other's `other_sd` (the same if not given); two at the
+    least, for a spread to be measured at all."""
+    other = sd if other_sd is None else other_sd
+    return max(2, math.ceil((Z_CONFIDENCE + Z_POWER) ** 2 * (sd**2 + other**2) / gap**2))
 
 
-def seed_sd(summary: dict[str, Any]) -> float | None:
-    """The pooled seed standard deviation of one run's final loss: over the floor's longest complete length and
-    every ladder cell with several seeds (the bootstrap's least noise per point, so that three points that
-    happen to fall on a line do not make the multiplier look certain). A seed that stalled is a failure of its
-    rate, shown as such, not seed noise: one stalled control on one H200 made the noise 0.55 nats a point and the
-    multiplier's interval 0-19,000."""
-    groups = [cell["seed_losses"] for rung in summary["rungs"] for cell in rung["arms"].values()]
+def seed_noise(summary: dict[str, Any]) -> dict[str, Noise]:
+    """Each arm's seed noise of one run's final loss, pooled over its cells with several seeds (the control's with
+    the noise floor's longest complete length, control seeds too); "baseline": the two vanillas' pooled, which the
+    fit's baseline is drawn from; `ALL_ARMS`: every cell. These are the bootstrap's least noise per point, so that
+    three points that happen to fall on a line do not make the multiplier look certain. Stalled seeds are left
+    out (`without_stalls`)."""
+    groups: dict[str, list[list[float]]] = {}
+    for rung in summary["rungs"]:
+        for name, cell in rung["arms"].items():
+            groups.setdefault(name, []).append(cell["seed_losses"])
     complete = [p["losses"] for p in summary["floor"].get("lengths", []) if p["spread"] is not None]
-    groups = [g for g in map(without_stalls, [*groups, *complete[-1:]]) if len(g) > 1]
-    if not groups:
-        return None
-    return math.sqrt(statistics.fmean(statistics.variance(g) for g in groups))
-
-
-def without_stalls(losses: list[float]) -> list[float]:
-    """A cell's seed losses less those more than `STALL_NATS` above the cell's median: the stall watch's own margin,
-    applied where it does not watch (the floor's runs have no rung baseline to be held against)."""
-    median = statistics.median(losses)
-    return [loss for loss in losses if loss - median <= STALL_NATS]
+    groups.setdefault("control", []).extend(complete[-1:])
+    pools = {name: pooled(cells) for name, cells in groups.items()}
+    pools["baseline"] = pooled(cell for name in VANILLAS for cell in groups.get(name, []))
+    pools[ALL_ARMS] = pooled(cell for cells in groups.values() for cell in cells)
+    return {name: noise for name, noise in pools.items() if noise is not None}
 
 
 def gap_trend(rungs: list[dict[str, Any]], name: str) -> float | None:
@@ -476,10 +491,10 @@ def table(summary: dict[str, Any]) -> str:
     headers = ["rung", "FLOPs/run", "arm", "tokens", "best lr", "bracket", "loss", "vs baseline", "±95%"]
     headers += ["baseline reaches it", "seeds", "spread"]
     note = (
-        "*±95%*: half-width of a 95% interval on the gap, from the seeds on each side and the pooled seed noise of one"
-        " run (the multiplier's below); a gap inside it is not a difference. *Baseline reaches it*: the share of its"
-        " budget at which the baseline's best run first reaches the arm's final loss, an upper bound on the arm's"
-        " worth in the baseline's compute (that run's rate had not annealed yet)."
+        "*±95%*: half-width of a 95% interval on the gap, from the seeds on each side and each arm's own seed noise"
+        " of one run (Welch, Student-t; the noise line below); a gap inside it is not a difference. *Baseline"
+        " reaches it*: the share of its budget at which the baseline's best run first reaches the arm's final loss,"
+        " an upper bound on the arm's worth in the baseline's compute (that run's rate had not annealed yet)."
     )
     return "\n".join([*markdown_table(headers, rows, "lrlrrlrrrrrr"), "", note])
 
@@ -781,7 +796,7 @@ def markdown(summary: dict[str, Any]) -> str:
         lines.append(
             f"**Multiplier** of {result['best_hires']} over the baseline at {m['at_flops']:.3g} FLOPs: "
             f"{m['value']:.3f} ({m['confidence']:.0%} CI {m['ci_low']:.3f}-{m['ci_high']:.3f}, bootstrap with at least "
-            f"{result['seed_sd'] or 0:.4f} nats of seed noise a point); gap trend "
+            "each arm's seed noise of one run a point); gap trend "
             f"{result['gap_per_decade']:+.3f} nats per decade of compute."
         )
         others = {name: m for name, m in result.get("multipliers", {}).items() if name != result["best_hires"]}
@@ -796,12 +811,28 @@ def markdown(summary: dict[str, Any]) -> str:
             lines += [
                 "",
                 f"**Seeds the verdict needs:** the article's {a['multiplier']:.2f}x is worth {a['gap']:.3f} nats at "
-                f"{a['at_flops']:.3g} FLOPs (the baseline's fit). With {result['seed_sd']:.4f} nats of seed noise a "
-                f"run, {a['seeds']} seeds a side tell that gap from none (95% two-sided, 80% power).",
+                f"{a['at_flops']:.3g} FLOPs (the baseline's fit). With {result['noise'][result['best_hires']]:.4f} "
+                f"nats of seed noise a run for {result['best_hires']} and {result['noise']['baseline']:.4f} for the "
+                f"baseline, {a['seeds']} seeds a side tell that gap from none (95% two-sided, 80% power).",
             ]
+    if summary.get("noise"):
+        lines += ["", noise_line(summary["noise"])]
     else:
         lines.append("The fit needs at least two rungs with every arm's rate bracketed.")
     return "\n".join(lines) + "\n"
+
+
+def noise_line(noise: dict[str, dict[str, float]]) -> str:
+    """Each arm's seed noise of one run, as the gap intervals and the bootstrap use it."""
+    arms = "; ".join(
+        f"{name} {n['sd']:.4f} ({n['df']} df)" for name, n in noise.items() if name not in ("baseline", ALL_ARMS)
+    )
+    return (
+        f"**Seed noise of one run** (standard deviation of the final loss, pooled over each arm's cells with several"
+        f" seeds, a stalled seed left out): {arms}. The vanillas together {noise['baseline']['sd']:.4f}; every"
+        f" cell pooled {noise[ALL_ARMS]['sd']:.4f}. Each arm's own figure sets its gap intervals and its points'"
+        " least noise in the multiplier's bootstrap, so that an arm whose seeds scatter more gets the wider interval."
+    )
 
 
 def in_flight_table(rows: list[dict[str, Any]]) -> list[str]:

@@ -36,8 +36,8 @@ from tqdm.auto import tqdm
 from hires_hf.commands import set_threads
 from hires_hf.commands.ladder import cache_dir
 from hires_hf.errors import HiResUserError
-from hires_hf.experiments.harness import RunPlan
-from hires_hf.experiments.ladder import Ladder, LadderSettings, cell_plan, open_ladder
+from hires_hf.experiments.harness import HIRES, RunPlan, Shape
+from hires_hf.experiments.ladder import Ladder, LadderSettings, cell_plan, ladder_arms, open_ladder
 from hires_hf.experiments.ladder_report import running_mean
 from hires_hf.experiments.runs import git_commit, machine
 from hires_hf.io import write_json_atomic, write_text_atomic
@@ -212,13 +212,25 @@ def is_complete(case: dict[str, Any], key: str) -> bool:
 
 
 def circuit(case: dict[str, Any]) -> str:
-    """Where the copying circuit sits at the last probe: the layer with the strongest induction head and the one
-    with the strongest previous-token head, each with its score ('' for a case without head scores)."""
-    last = case["probes"][-1] if case["probes"] else {}
-    if "induction" not in last:
+    """The copying circuit when it formed (the onset's probe, else the last): the layer of the strongest induction
+    head, the layer before it with the strongest previous-token head (the half it composes with), their scores,
+    and for HiRes whether the two share a block or the circuit crosses a block boundary (through the write, the
+    outer norm and the read). '' for a case without head scores."""
+    start = onset(case)
+    row = next((r for r in case["probes"] if r["step"] == start), case["probes"][-1] if case["probes"] else {})
+    if "induction" not in row:
         return ""
-    picks = [(name, max(range(len(last[name])), key=last[name].__getitem__)) for name in ("induction", "previous")]
-    return ", ".join(f"{name[:4]}. L{layer} {last[name][layer]:.2f}" for name, layer in picks)
+    induction, previous = row["induction"], row["previous"]
+    head = max(range(len(induction)), key=induction.__getitem__)
+    text = f"indu. L{head} {induction[head]:.2f} @{row['step']:,}"
+    if head == 0:
+        return text
+    tail = max(range(head), key=previous.__getitem__)
+    text += f" ← prev. L{tail} {previous[tail]:.2f}"
+    if ladder_arms([case["arm"]])[0].kind != HIRES:
+        return text
+    k = Shape.parse(case["rung"]).layers_per_block
+    return text + (", one block" if head // k == tail // k else ", across blocks")
 
 
 def stored_cases(out_dir: Path) -> list[dict[str, Any]]:
@@ -228,7 +240,7 @@ def stored_cases(out_dir: Path) -> list[dict[str, Any]]:
 def table(cases: list[dict[str, Any]], traces: dict[str, list[tuple[int, float]] | None], marks: list[int]) -> str:
     """One row per case: when its copying gain passes ONSET_NATS, the gain there and at the last probe, the
     training loss at `marks`, and the ladder run's final loss."""
-    header = ["run", f"gain ≥ {ONSET_NATS:g} nat at step", "last gain", "heads at the last probe"]
+    header = ["run", f"gain ≥ {ONSET_NATS:g} nat at step", "last gain", "circuit at the onset"]
     header += [*(f"loss @{m}" for m in marks), "final"]
     body = []
     for case in cases:
@@ -338,9 +350,10 @@ def write_report(ladder: Ladder, out_dir: Path, marks: list[int]) -> str:
         f"{PROBE_SEQUENCES} sequences of shuffled validation tokens, each followed by itself; the *gain* is the "
         "loss on the first copy minus the loss on the second. Training losses are the ladder's trace of the same "
         "run, a mean over the 50 steps up to each mark; *final* is the ladder run's final validation loss. "
-        "*Heads*: the layer (from 0; blocks are 4 layers) whose strongest head pays the most attention to the "
-        "token after the current token's earlier occurrence (*indu.*, an induction head) and to the token just "
-        "before (*prev.*), with that attention.\n\n"
+        "*Circuit*, at the probe where the gain passes 1 nat (else the last): the layer (from 0; HiRes's blocks are "
+        "4 layers) whose strongest head pays the most attention to the token after the current token's earlier "
+        "occurrence (*indu.*, an induction head), and the layer before it whose strongest head pays the most to the "
+        "token just before (*prev.*, the previous-token head it can compose with), with those attentions.\n\n"
     )
     figures = "![induction probe](induction_probe.png)\n"
     if heads is not None:

@@ -83,6 +83,26 @@ def test_the_head_scores_find_the_previous_token_head_and_the_induction_head_in_
     assert model.asked == ["eager", "sdpa"] and model.training  # the model trains on as it was set
 
 
+def probe_row(step: int, gain: float, induction: dict[int, float], previous: dict[int, float]) -> dict:
+    return {
+        "step": step,
+        "gain": gain,
+        "induction": [induction.get(layer, 0.0) for layer in range(12)],
+        "previous": [previous.get(layer, 0.0) for layer in range(12)],
+    }
+
+
+def test_the_circuit_is_read_where_copying_starts_and_only_from_heads_it_can_compose_with():
+    """HiRes seed 1 at rung 1 copied from step 900 with its previous-token head (layer 6) and induction head (layer
+    7) in one block; seed 2's strongest previous-token head sat in the last layer, after every induction head."""
+    early = [probe_row(850, 0.6, {7: 0.15}, {6: 0.8}), probe_row(900, 1.1, {7: 0.28}, {6: 0.91, 10: 0.5})]
+    case = {"arm": "hires", "rung": "64x12", "probes": [*early, probe_row(950, 1.5, {7: 0.35}, {6: 0.93})]}
+    assert induction_probe.circuit(case) == "indu. L7 0.28 @900 ← prev. L6 0.91, one block"
+    late = [probe_row(1600, 0.4, {8: 0.05}, {3: 0.6, 11: 0.9})]  # no onset: the last probe, layer 11 ignored
+    assert induction_probe.circuit({**case, "probes": late}) == "indu. L8 0.05 @1,600 ← prev. L3 0.60, across blocks"
+    assert induction_probe.circuit({**case, "arm": "control"}).endswith("prev. L6 0.91")  # a vanilla has no blocks
+
+
 def test_a_probed_run_is_the_ladders_run_and_a_stopped_one_keeps_its_probes(tmp_path):
     ladder_dir, out = tmp_path / "ladder", tmp_path / "out"
     ladder = open_ladder(LadderSettings.smoke(), ladder_dir, cache_dir(), progress=False)

@@ -48,6 +48,7 @@ from hires_hf.training.loop import autocast, train_loop
 RESULTS = Path(__file__).resolve().parent / "results" / "induction_probe"
 LADDER = Path(__file__).resolve().parent / "results" / "ladder"
 ONSET_NATS = 1.0  # a copying gain this large marks the transition as under way
+HEAD_SCORE = 0.5  # a previous-token head this strong (half its attention on the token before) has formed
 PROBE_SEQUENCES = 32
 ZOOM_FROM = 300  # the loss plot's top is the highest loss from this step on
 LINE_STYLES = ("-", "--", ":", "-.")  # one per seed of an arm, in the order they are listed
@@ -205,10 +206,12 @@ def loss_at(trace: list[tuple[int, float]] | None, step: int, window: int = 50) 
     return sum(values) / len(values) if values else None
 
 
-def is_complete(case: dict[str, Any], key: str) -> bool:
-    """A stored case stands for ladder run `key` if it probed that run and measured the heads too (cases stored
-    before the head scores existed are probed again when their command is rerun)."""
-    return case["ladder_key"] == key and all("induction" in row for row in case["probes"])
+def is_complete(case: dict[str, Any], key: str, until: int) -> bool:
+    """A stored case stands for ladder run `key` probed to step `until` if it probed that run at least that far
+    and measured the heads too (a case stored before the head scores existed, or stopped earlier than asked, is
+    probed again from the start: the run is deterministic, so its earlier probes come back the same)."""
+    reached = min(until, case["steps"]) <= case["until"]
+    return case["ladder_key"] == key and reached and all("induction" in row for row in case["probes"])
 
 
 def circuit(case: dict[str, Any]) -> str:
@@ -226,7 +229,9 @@ def circuit(case: dict[str, Any]) -> str:
     if head == 0:
         return text
     tail = max(range(head), key=previous.__getitem__)
+    formed = next((r["step"] for r in case["probes"] if r["previous"][tail] >= HEAD_SCORE), None)
     text += f" ← prev. L{tail} {previous[tail]:.2f}"
+    text += "" if formed is None else f" (≥ {HEAD_SCORE:g} from {formed:,})"
     if ladder_arms([case["arm"]])[0].kind != HIRES:
         return text
     k = Shape.parse(case["rung"]).layers_per_block
@@ -353,7 +358,8 @@ def write_report(ladder: Ladder, out_dir: Path, marks: list[int]) -> str:
         "*Circuit*, at the probe where the gain passes 1 nat (else the last): the layer (from 0; HiRes's blocks are "
         "4 layers) whose strongest head pays the most attention to the token after the current token's earlier "
         "occurrence (*indu.*, an induction head), and the layer before it whose strongest head pays the most to the "
-        "token just before (*prev.*, the previous-token head it can compose with), with those attentions.\n\n"
+        "token just before (*prev.*, the previous-token head it can compose with), with those attentions, and the "
+        f"first probe at which that previous-token score reached {HEAD_SCORE:g}.\n\n"
     )
     figures = "![induction probe](induction_probe.png)\n"
     if heads is not None:
@@ -390,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             plan = cell_plan(ladder, args.arm, args.rung, args.lr, seed)
             path = args.out_dir / "cases" / f"{case_name(args.arm, args.rung, plan.settings.learning_rate, seed)}.json"
-            if path.exists() and is_complete(json.loads(path.read_text(encoding="utf-8")), plan.key):
+            if path.exists() and is_complete(json.loads(path.read_text(encoding="utf-8")), plan.key, args.until):
                 continue
             case = train_probed(ladder, plan, args.every, args.until, args.out_dir / "checkpoints", not args.quiet)
             write_json_atomic(path, {**case, "command": command})

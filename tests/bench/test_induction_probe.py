@@ -97,10 +97,12 @@ def test_the_circuit_is_read_where_copying_starts_and_only_from_heads_it_can_com
     7) in one block; seed 2's strongest previous-token head sat in the last layer, after every induction head."""
     early = [probe_row(850, 0.6, {7: 0.15}, {6: 0.8}), probe_row(900, 1.1, {7: 0.28}, {6: 0.91, 10: 0.5})]
     case = {"arm": "hires", "rung": "64x12", "probes": [*early, probe_row(950, 1.5, {7: 0.35}, {6: 0.93})]}
-    assert induction_probe.circuit(case) == "indu. L7 0.28 @900 ← prev. L6 0.91, one block"
+    assert induction_probe.circuit(case) == "indu. L7 0.28 @900 ← prev. L6 0.91 (≥ 0.5 from 850), one block"
     late = [probe_row(1600, 0.4, {8: 0.05}, {3: 0.6, 11: 0.9})]  # no onset: the last probe, layer 11 ignored
-    assert induction_probe.circuit({**case, "probes": late}) == "indu. L8 0.05 @1,600 ← prev. L3 0.60, across blocks"
-    assert induction_probe.circuit({**case, "arm": "control"}).endswith("prev. L6 0.91")  # a vanilla has no blocks
+    crossing = "indu. L8 0.05 @1,600 ← prev. L3 0.60 (≥ 0.5 from 1,600), across blocks"
+    assert induction_probe.circuit({**case, "probes": late}) == crossing
+    vanilla = induction_probe.circuit({**case, "arm": "control"})
+    assert vanilla.endswith("prev. L6 0.91 (≥ 0.5 from 850)")  # a vanilla has no blocks
 
 
 def test_a_probed_run_is_the_ladders_run_and_a_stopped_one_keeps_its_probes(tmp_path):
@@ -129,3 +131,7 @@ def test_a_probed_run_is_the_ladders_run_and_a_stopped_one_keeps_its_probes(tmp_
     cases = {c["seed"]: c for c in json.loads((out / "induction_probe.json").read_text())["cases"]}
     assert cases[1]["final_loss"] is None and cases[1]["probes"][-1]["step"] <= stop
     assert not list((out / "checkpoints").iterdir())  # nothing of a finished case is left behind
+
+    assert induction_probe.main([*common, "--seeds", "1", "--until", str(plan.settings.steps)]) == 0  # further
+    longer = {c["seed"]: c for c in json.loads((out / "induction_probe.json").read_text())["cases"]}[1]
+    assert longer["final_loss"] is not None and longer["probes"][: len(cases[1]["probes"])] == cases[1]["probes"]

@@ -827,11 +827,16 @@ def noise_line(noise: dict[str, dict[str, float]]) -> str:
     arms = "; ".join(
         f"{name} {n['sd']:.4f} ({n['df']} df)" for name, n in noise.items() if name not in ("baseline", ALL_ARMS)
     )
+    pools = [
+        f"{label} {noise[name]['sd']:.4f}"
+        for name, label in (("baseline", "the vanillas together"), (ALL_ARMS, "every cell pooled"))
+        if name in noise
+    ]
     return (
         f"**Seed noise of one run** (standard deviation of the final loss, pooled over each arm's cells with several"
-        f" seeds, a stalled seed left out): {arms}. The vanillas together {noise['baseline']['sd']:.4f}; every"
-        f" cell pooled {noise[ALL_ARMS]['sd']:.4f}. Each arm's own figure sets its gap intervals and its points'"
-        " least noise in the multiplier's bootstrap, so that an arm whose seeds scatter more gets the wider interval."
+        f" seeds, a stalled seed left out): {arms}; {', '.join(pools)}. Each arm's own figure sets its gap intervals"
+        " and its points' least noise in the multiplier's bootstrap, so that an arm whose seeds scatter more gets"
+        " the wider interval."
     )
 
 

@@ -306,32 +306,34 @@ def plot(cases: list[dict[str, Any]], traces: dict[str, list[tuple[int, float]] 
 
 
 def plot_heads(cases: list[dict[str, Any]], path: Path) -> Path | None:
-    """One panel per case with head scores: each layer's strongest induction score (colour) along the steps,
-    so that one sees in which layer, and when, the induction head forms. None if no case has head scores."""
+    """One row per case with head scores: each layer's strongest previous-token score (left) and induction score
+    (right) along the steps, HiRes's block boundaries drawn across, so that one sees in which layers, and when,
+    each half of the circuit forms. None if no case has head scores."""
     cases = [c for c in cases if c["probes"] and all("induction" in row for row in c["probes"])]
     if not cases:
         return None
     plt = pyplot()
-    columns = min(3, len(cases))
-    rows = -(-len(cases) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.2 * rows), squeeze=False)
-    for ax, case in zip(axes.flat, cases, strict=False):
+    fig, axes = plt.subplots(len(cases), 2, figsize=(11, 2.4 * len(cases) + 0.6), squeeze=False, layout="constrained")
+    for row, case in zip(axes, cases, strict=True):
         probes = case["probes"]
-        scores = [[row["induction"][layer] for row in probes] for layer in range(len(probes[0]["induction"]))]
-        extent = (probes[0]["step"], probes[-1]["step"], len(scores) - 0.5, -0.5)
-        image = ax.imshow(scores, aspect="auto", vmin=0, vmax=1, cmap="viridis", extent=extent)
+        layers = len(probes[0]["induction"])
+        extent = (probes[0]["step"], probes[-1]["step"], layers - 0.5, -0.5)
         start = onset(case)
-        ax.set_title(
-            f"{case['arm']} {case['rung']} seed {case['seed']}: gain ≥ {ONSET_NATS:g} at "
-            + ("-" if start is None else f"{start:,}"),
-            fontsize=9,
-        )
-        ax.set_xlabel("step")
-        ax.set_ylabel("layer")
-    for ax in list(axes.flat)[len(cases) :]:
-        ax.axis("off")
-    fig.colorbar(image, ax=axes, shrink=0.8, label="strongest head's induction score")
-    fig.savefig(path, dpi=110)
+        name = f"{case['arm']} {case['rung']} seed {case['seed']}"
+        copies = "-" if start is None else f"{start:,}"
+        for ax, score, label in zip(row, ("previous", "induction"), ("previous-token", "induction"), strict=True):
+            grid = [[probe[score][layer] for probe in probes] for layer in range(layers)]
+            image = ax.imshow(grid, aspect="auto", vmin=0, vmax=1, cmap="viridis", extent=extent)
+            if ladder_arms([case["arm"]])[0].kind == HIRES:
+                k = Shape.parse(case["rung"]).layers_per_block
+                for boundary in range(k, layers, k):
+                    ax.axhline(boundary - 0.5, color="white", lw=0.8, ls="--")
+            ax.set_title(f"{name}: {label} score (copies from step {copies})", fontsize=9)
+            ax.set_ylabel("layer")
+    axes[-1][0].set_xlabel("step")
+    axes[-1][1].set_xlabel("step")
+    fig.colorbar(image, ax=axes, shrink=0.6, label="strongest head's attention on its target token")
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 

@@ -93,6 +93,7 @@ def ladder_arms(names: Sequence[str]) -> list[Arm]:
         "D=4d": Arm("D=4d", fields={"residual_ratio": 4.0}),
         "D=d": Arm("D=d", fields={"residual_ratio": 1.0}),
         "k=2": Arm("k=2", fields={"layers_per_block": 2}),
+        "k=6": Arm("k=6", fields={"layers_per_block": 6}),  # fewer block boundaries for a circuit to straddle
         "delta-write": Arm("delta-write", fields={"write_mode": "delta"}),
         "qk-norm": Arm("qk-norm", fields={"qk_norm": "per_head"}),  # against the attention-entropy collapse
     }

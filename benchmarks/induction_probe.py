@@ -214,6 +214,15 @@ def is_complete(case: dict[str, Any], key: str, until: int) -> bool:
     return case["ladder_key"] == key and reached and all("induction" in row for row in case["probes"])
 
 
+def block_size(case: dict[str, Any]) -> int | None:
+    """Layers per block of a case's HiRes arm at its rung (an arm may set it, as `k=6` does); None for a vanilla,
+    which has no blocks."""
+    arm = ladder_arms([case["arm"]])[0]
+    if arm.kind != HIRES:
+        return None
+    return arm.fields.get("layers_per_block", Shape.parse(case["rung"]).layers_per_block)
+
+
 def circuit(case: dict[str, Any]) -> str:
     """The copying circuit when it formed (the onset's probe, else the last): the layer of the strongest induction
     head, the layer before it with the strongest previous-token head (the half it composes with), their scores,
@@ -232,9 +241,9 @@ def circuit(case: dict[str, Any]) -> str:
     formed = next((r["step"] for r in case["probes"] if r["previous"][tail] >= HEAD_SCORE), None)
     text += f" ← prev. L{tail} {previous[tail]:.2f}"
     text += "" if formed is None else f" (≥ {HEAD_SCORE:g} from {formed:,})"
-    if ladder_arms([case["arm"]])[0].kind != HIRES:
+    k = block_size(case)
+    if k is None:
         return text
-    k = Shape.parse(case["rung"]).layers_per_block
     return text + (", one block" if head // k == tail // k else ", across blocks")
 
 
@@ -324,8 +333,8 @@ def plot_heads(cases: list[dict[str, Any]], path: Path) -> Path | None:
         for ax, score, label in zip(row, ("previous", "induction"), ("previous-token", "induction"), strict=True):
             grid = [[probe[score][layer] for probe in probes] for layer in range(layers)]
             image = ax.imshow(grid, aspect="auto", vmin=0, vmax=1, cmap="viridis", extent=extent)
-            if ladder_arms([case["arm"]])[0].kind == HIRES:
-                k = Shape.parse(case["rung"]).layers_per_block
+            k = block_size(case)
+            if k is not None:
                 for boundary in range(k, layers, k):
                     ax.axhline(boundary - 0.5, color="white", lw=0.8, ls="--")
             ax.set_title(f"{name}: {label} score (copies from step {copies})", fontsize=9)
@@ -357,9 +366,10 @@ def write_report(ladder: Ladder, out_dir: Path, marks: list[int]) -> str:
         f"{PROBE_SEQUENCES} sequences of shuffled validation tokens, each followed by itself; the *gain* is the "
         "loss on the first copy minus the loss on the second. Training losses are the ladder's trace of the same "
         "run, a mean over the 50 steps up to each mark; *final* is the ladder run's final validation loss. "
-        "*Circuit*, at the probe where the gain passes 1 nat (else the last): the layer (from 0; HiRes's blocks are "
-        "4 layers) whose strongest head pays the most attention to the token after the current token's earlier "
-        "occurrence (*indu.*, an induction head), and the layer before it whose strongest head pays the most to the "
+        "*Circuit*, at the probe where the gain passes 1 nat (else the last): the layer (from 0; the shipped "
+        "HiRes's blocks are 4 layers) whose strongest head pays the most attention to the token after the current "
+        "token's earlier occurrence (*indu.*, an induction head), and the layer before it whose strongest head pays "
+        "the most to the "
         "token just before (*prev.*, the previous-token head it can compose with), with those attentions, and the "
         f"first probe at which that previous-token score reached {HEAD_SCORE:g}.\n\n"
     )

@@ -103,6 +103,8 @@ def test_the_circuit_is_read_where_copying_starts_and_only_from_heads_it_can_com
     assert induction_probe.circuit({**case, "probes": late}) == crossing
     vanilla = induction_probe.circuit({**case, "arm": "control"})
     assert vanilla.endswith("prev. L6 0.91 (≥ 0.5 from 850)")  # a vanilla has no blocks
+    assert induction_probe.circuit({**case, "arm": "k=6", "probes": late}).endswith("across blocks")  # 0-5, 6-11
+    assert induction_probe.circuit({**case, "arm": "k=6"}).endswith("one block")  # layers 6 and 7: block 1 of six
 
 
 def test_a_probed_run_is_the_ladders_run_and_a_stopped_one_keeps_its_probes(tmp_path):

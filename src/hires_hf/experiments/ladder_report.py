@@ -416,12 +416,11 @@ def article_test(baseline: PowerLaw, flops: float, noise: dict[str, float], hire
     return {"multiplier": ARTICLE_MULTIPLIER, "at_flops": flops, "gap": gap, "seeds": seeds}
 
 
-def seeds_to_tell(gap: float, sd: float, other_sd: float | None = None) -> int:
+def seeds_to_tell(gap: float, sd: float, other_sd: float) -> int:
     """Seeds a side for the difference of two seed means to tell a `gap` from none (95% two-sided, 80% power), when
-    one side's runs carry `sd` nats of seed noise and the other's `other_sd` (the same if not given); two at the
-    least, for a spread to be measured at all."""
-    other = sd if other_sd is None else other_sd
-    return max(2, math.ceil((Z_CONFIDENCE + Z_POWER) ** 2 * (sd**2 + other**2) / gap**2))
+    one side's runs carry `sd` nats of seed noise and the other's `other_sd`; two at the least, for a spread to be
+    measured at all."""
+    return max(2, math.ceil((Z_CONFIDENCE + Z_POWER) ** 2 * (sd**2 + other_sd**2) / gap**2))
 
 
 def seed_noise(summary: dict[str, Any]) -> dict[str, Noise]:

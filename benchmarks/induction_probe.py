@@ -158,7 +158,7 @@ def train_probed(
         if step + 1 >= until and until < settings.steps:
             raise Enough
 
-    final_loss = None
+    result = None
     with tqdm(total=until, desc=label, disable=not progress, dynamic_ncols=True, mininterval=30) as bar:
         try:
             result = train_loop(
@@ -171,7 +171,6 @@ def train_probed(
                 checkpoint=checkpoint,
                 checkpoint_seconds=ladder.settings.checkpoint_seconds,
             )
-            final_loss = result.final_loss
         except Enough:
             pass
     checkpoint.unlink(missing_ok=True)
@@ -184,13 +183,20 @@ def train_probed(
         "every": every,
         "until": until,
         "steps": settings.steps,
-        "final_loss": final_loss,
+        "final_loss": None if result is None else result.final_loss,
+        # a run the ladder never trained (an arm probed for a mechanism) has no stored trace: keep the probe's own
+        "train_loss": None if result is None else [[step, round(loss, 5)] for step, loss in result.train_losses],
         "probes": sorted(rows.values(), key=lambda r: r["step"]),
         "ladder_key": plan.key,  # the ladder run it retrains: its trace gives the training loss
         "commit": git_commit(),
         "machine": machine(plan.spec),
         "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
+
+
+def own_trace(case: dict[str, Any]) -> list[tuple[int, float]] | None:
+    """The training loss a probed run kept itself (only a run probed to its end), for a run the ladder lacks."""
+    return None if case.get("train_loss") is None else [(int(step), loss) for step, loss in case["train_loss"]]
 
 
 def onset(case: dict[str, Any]) -> int | None:
@@ -351,10 +357,10 @@ def write_report(ladder: Ladder, out_dir: Path, marks: list[int]) -> str:
     cases = stored_cases(out_dir)
     if not cases:
         raise HiResUserError(f"No probed runs under {out_dir / 'cases'}: train one first (see --help).")
-    traces = {c["ladder_key"]: ladder.store.trace(c["ladder_key"]) for c in cases}
+    traces = {c["ladder_key"]: ladder.store.trace(c["ladder_key"]) or own_trace(c) for c in cases}
     for case in cases:
         run = ladder.store.get(case["ladder_key"])
-        case["ladder_final"] = None if run is None else run.final_loss
+        case["ladder_final"] = case.get("final_loss") if run is None else run.final_loss
     text = table(cases, traces, marks)
     commands = "\n".join(dict.fromkeys(c["command"] for c in cases if "command" in c))
     write_json_atomic(out_dir / "induction_probe.json", {"onset_nats": ONSET_NATS, "cases": cases})

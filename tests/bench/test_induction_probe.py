@@ -116,6 +116,8 @@ def test_a_probed_run_is_the_ladders_run_and_a_stopped_one_keeps_its_probes(tmp_
     assert induction_probe.main([*common, "--seeds", "0", "--until", str(10**6)]) == 0
     (case,) = json.loads((out / "induction_probe.json").read_text())["cases"]
     assert case["final_loss"] == own.final_loss  # probing does not move the run by a bit
+    trace = induction_probe.own_trace(case)  # kept by the probe: the ladder keeps one only from a checkpoint
+    assert [step for step, _ in trace] == list(range(1, plan.settings.steps + 1)) and math.isfinite(trace[-1][1])
     assert [row["step"] for row in case["probes"]] == list(range(2, plan.settings.steps + 1, 2))
     layers = plan.shape.num_hidden_layers
     assert all(len(row["induction"]) == len(row["previous"]) == layers for row in case["probes"])
@@ -134,6 +136,10 @@ def test_a_probed_run_is_the_ladders_run_and_a_stopped_one_keeps_its_probes(tmp_
     assert cases[1]["final_loss"] is None and cases[1]["probes"][-1]["step"] <= stop
     assert not list((out / "checkpoints").iterdir())  # nothing of a finished case is left behind
 
-    assert induction_probe.main([*common, "--seeds", "1", "--until", str(plan.settings.steps)]) == 0  # further
+    further = ["--seeds", "1", "--until", str(plan.settings.steps), "--marks", "20"]
+    assert induction_probe.main([*common, *further]) == 0
     longer = {c["seed"]: c for c in json.loads((out / "induction_probe.json").read_text())["cases"]}[1]
     assert longer["final_loss"] is not None and longer["probes"][: len(cases[1]["probes"])] == cases[1]["probes"]
+    row = next(line for line in (out / "induction_probe.md").read_text().splitlines() if "seed 1 |" in line)
+    mark, final = (cell.strip() for cell in row.strip("|").split("|")[-2:])
+    assert mark and final == f"{longer['final_loss']:.3f}"  # a run the ladder never trained reports its own losses

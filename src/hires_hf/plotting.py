@@ -22,6 +22,8 @@ ARM_COLOURS = {
     "plain-twin": "tab:gray",
     "D=4d": "tab:blue",  # the fallback (tab10 by position) gave it hires's red
     "qk-norm": "tab:purple",
+    "k=6": "tab:green",  # the block-size arms: the colour cycle would repeat hires's red by the fourth line
+    "k=2": "tab:orange",
 }
 
 

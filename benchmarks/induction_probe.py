@@ -309,7 +309,8 @@ def plot(cases: list[dict[str, Any]], traces: dict[str, list[tuple[int, float]] 
             top.set_ylim(top=ceiling + 0.05)  # the first steps' fall from ~8 nats would flatten the plateau
         top.set_title(f"{rung}: training loss (running mean of 25 steps)", fontsize=10)
         top.set_ylabel("training loss")
-        (top if top.lines else bottom).legend(fontsize=8)  # runs without a trace are named below
+        named = {line.get_label(): line for axis in (top, bottom) for line in axis.lines}  # traced runs first
+        top.legend(list(named.values()), list(named), fontsize=8)  # a run without a trace is named by its gain line
         bottom.axhline(ONSET_NATS, color="grey", lw=0.8, ls=":")
         bottom.set_title("copying gain: loss on a random sequence's first copy minus its second", fontsize=10)
         bottom.set_xlabel("step")

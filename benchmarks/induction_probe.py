@@ -364,7 +364,8 @@ def write_report(ladder: Ladder, out_dir: Path, marks: list[int]) -> str:
         case["ladder_final"] = case.get("final_loss") if run is None else run.final_loss
     text = table(cases, traces, marks)
     commands = "\n".join(dict.fromkeys(c["command"] for c in cases if "command" in c))
-    write_json_atomic(out_dir / "induction_probe.json", {"onset_nats": ONSET_NATS, "cases": cases})
+    summary = [{k: v for k, v in case.items() if k != "train_loss"} for case in cases]  # the traces stay in cases/
+    write_json_atomic(out_dir / "induction_probe.json", {"onset_nats": ONSET_NATS, "cases": summary})
     plot(cases, traces, out_dir / "induction_probe.png")
     heads = plot_heads(cases, out_dir / "induction_heads.png")
     intro = (
@@ -372,12 +373,13 @@ def write_report(ladder: Ladder, out_dir: Path, marks: list[int]) -> str:
         "Ladder runs retrained step for step (`benchmarks/induction_probe.py`), their in-context copying probed: "
         f"{PROBE_SEQUENCES} sequences of shuffled validation tokens, each followed by itself; the *gain* is the "
         "loss on the first copy minus the loss on the second. Training losses are the ladder's trace of the same "
-        "run, a mean over the 50 steps up to each mark; *final* is the ladder run's final validation loss. "
+        "run (for an arm the ladder never trained, `k=6` and `k=2`, the probe's own, kept only for a run probed to "
+        "its end), a mean over the 50 steps up to each mark; *final* is the run's final validation loss. "
         "*Circuit*, at the probe where the gain passes 1 nat (else the last): the layer (from 0; the shipped "
-        "HiRes's blocks are 4 layers) whose strongest head pays the most attention to the token after the current "
-        "token's earlier occurrence (*indu.*, an induction head), and the layer before it whose strongest head pays "
-        "the most to the "
-        "token just before (*prev.*, the previous-token head it can compose with), with those attentions, and the "
+        "HiRes's blocks are 4 layers, `k=6`'s 6 and `k=2`'s 2) whose strongest head pays the most attention to the "
+        "token after the current token's earlier occurrence (*indu.*, an induction head), and the layer before it "
+        "whose strongest head pays the most to the token just before (*prev.*, the previous-token head it can "
+        "compose with), with those attentions, and the "
         f"first probe at which that previous-token score reached {HEAD_SCORE:g}.\n\n"
     )
     figures = "![induction probe](induction_probe.png)\n"

@@ -116,7 +116,8 @@ def test_a_probed_run_is_the_ladders_run_and_a_stopped_one_keeps_its_probes(tmp_
     assert induction_probe.main([*common, "--seeds", "0", "--until", str(10**6)]) == 0
     (case,) = json.loads((out / "induction_probe.json").read_text())["cases"]
     assert case["final_loss"] == own.final_loss  # probing does not move the run by a bit
-    trace = induction_probe.own_trace(case)  # kept by the probe: the ladder keeps one only from a checkpoint
+    (kept,) = induction_probe.stored_cases(out)  # the probe keeps the trace: the ladder does only from a checkpoint
+    trace = induction_probe.own_trace(kept)
     assert [step for step, _ in trace] == list(range(1, plan.settings.steps + 1)) and math.isfinite(trace[-1][1])
     assert [row["step"] for row in case["probes"]] == list(range(2, plan.settings.steps + 1, 2))
     layers = plan.shape.num_hidden_layers

@@ -267,7 +267,7 @@ def table(cases: list[dict[str, Any]], traces: dict[str, list[tuple[int, float]]
         trace, start = traces.get(case["ladder_key"]), onset(case)
         last = case["probes"][-1] if case["probes"] else None
         losses = [loss_at(trace, m) for m in marks]
-        final = case.get("ladder_final") or case.get("final_loss")
+        final = case.get("ladder_final")  # the ladder run's, else the probe's own (write_report decides)
         body.append(
             [
                 f"{case['arm']} {case['rung']} lr {case['lr']:g} seed {case['seed']}",
@@ -337,10 +337,10 @@ def plot_heads(cases: list[dict[str, Any]], path: Path) -> Path | None:
         start = onset(case)
         name = f"{case['arm']} {case['rung']} seed {case['seed']}"
         copies = "-" if start is None else f"{start:,}"
+        k = block_size(case)
         for ax, score, label in zip(row, ("previous", "induction"), ("previous-token", "induction"), strict=True):
             grid = [[probe[score][layer] for probe in probes] for layer in range(layers)]
             image = ax.imshow(grid, aspect="auto", vmin=0, vmax=1, cmap="viridis", extent=extent)
-            k = block_size(case)
             if k is not None:
                 for boundary in range(k, layers, k):
                     ax.axhline(boundary - 0.5, color="white", lw=0.8, ls="--")

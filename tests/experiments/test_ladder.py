@@ -551,6 +551,23 @@ def test_a_gpu_ladders_report_says_how_it_was_run(fake_ladder, tmp_path):
     assert "several share the GPU" in text and summarize(ladder)["device"] == "cuda"
 
 
+def test_a_gpu_ladder_trained_on_two_cards_names_each_with_its_runs(fake_ladder, tmp_path):
+    """Runs from two GPU models pool their losses; the report's title says which cards trained how many runs, so
+    that no timing is read as one card's."""
+    import torch
+
+    ladder, _ = fake_ladder
+    ladder.device, ladder._plans = torch.device("cuda"), {}
+    trained = run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    for index, run in enumerate(trained):
+        card = "NVIDIA H200" if index % 3 else "NVIDIA H100 80GB HBM3"
+        ladder.store.put(replace(run, machine={**(run.machine or {}), "gpu": card}))
+    h100 = sum(1 for index in range(len(trained)) if index % 3 == 0)
+    title = write_report(ladder, tmp_path / "report").splitlines()[0]
+    assert f"NVIDIA H100 80GB HBM3 ({h100} runs)" in title
+    assert f"NVIDIA H200 ({len(trained) - h100} runs)" in title
+
+
 def test_the_baseline_curve_says_how_much_of_its_budget_an_arm_is_worth_at_most():
     curve = [(0.0, 8.0), (50.0, 4.0), (100.0, 3.0)]
     assert share_to_reach(curve, 3.5, 100.0) == pytest.approx(0.75)  # halfway between the last two evaluations

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -281,6 +282,12 @@ def hand_seeded(ladder: Ladder, rungs: list[dict[str, Any]], planned: set[str]) 
     return plans
 
 
+def gpu_runs(ladder: Ladder) -> dict[str, int]:
+    """How many runs each GPU model trained: their losses pool, their timings do not."""
+    cards = Counter(gpu for run in ladder.store.runs() if (gpu := (run.machine or {}).get("gpu")))
+    return dict(sorted(cards.items()))
+
+
 def summarize(ladder: Ladder) -> dict[str, Any]:
     """Everything `summary.json` holds: rungs, per-arm cells, baselines, fits, the multiplier and the floor."""
     rungs = ladder.rungs
@@ -291,7 +298,7 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
         "budget": budget(ladder),
         "bf16_kernels": kernels(ladder),
         "device": ladder.device.type,
-        "gpus": sorted({gpu for run in ladder.store.runs() if (gpu := (run.machine or {}).get("gpu"))}),
+        "gpus": gpu_runs(ladder),
         "commands": list(COMMANDS.get(ladder.device.type, ())),
     }
     for index, rung in enumerate(rungs):
@@ -722,9 +729,18 @@ def _unreached(lengths: list[dict[str, Any]]) -> str:
     return "not reached yet."
 
 
+def _cards(gpus: dict[str, int] | list[str]) -> str:
+    """The title's device: one card by name, or each card with how many runs it trained (their losses pool, their
+    timings do not)."""
+    if len(gpus) == 1:
+        return f" on one {next(iter(gpus))}"
+    if isinstance(gpus, dict) and gpus:
+        return " on one GPU at a time: " + ", ".join(f"{name} ({count} runs)" for name, count in gpus.items())
+    return " on GPUs" if gpus else ""
+
+
 def markdown(summary: dict[str, Any]) -> str:
-    gpus = summary.get("gpus") or []
-    title = "# Compute ladder" + (f" on one {gpus[0]}" if len(gpus) == 1 else " on GPUs" if gpus else "")
+    title = "# Compute ladder" + _cards(summary.get("gpus") or {})
     lines = [title, "", "Commands:", "", "```", *summary["commands"], "```", ""]
     floor = summary["floor"]
     if floor:

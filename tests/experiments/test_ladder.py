@@ -8,12 +8,14 @@ default can never reuse a stored cell.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
 import os
 import time
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -46,7 +48,13 @@ from hires_hf.experiments.runs import keyed_as, stored_versions
 from hires_hf.training.bf16_emulation import EMULATED, NATIVE
 
 # Each arm's (made-up) best rate and best loss: final loss is a parabola in log2(rate) around it.
-OPTIMA = {"control": (8e-3, 3.0), "plain-twin": (2e-3, 3.1), "hires": (1.6e-2, 3.05), "D=4d": (8e-3, 3.2)}
+OPTIMA = {
+    "control": (8e-3, 3.0),
+    "plain-twin": (2e-3, 3.1),
+    "hires": (1.6e-2, 3.05),
+    "D=4d": (8e-3, 3.2),
+    "k=2": (4e-3, 3.02),
+}
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +142,48 @@ def test_the_top_rung_can_be_given_more_seeds_than_the_rungs_below(fake_ladder, 
     )
     assert main([*ask, "--top-seeds", "0"]) == 2
     assert "--top-seeds 0" in capsys.readouterr().err
+
+
+def test_a_ladder_trains_and_reports_the_arms_it_is_given(fake_ladder, capsys):
+    """`--arms`: a variant (another block size, say) joins the ladder as an arm of its own, with its own brackets,
+    and the report shows it; a list that cannot give a verdict is refused in one line, nothing trained."""
+    from hires_hf.cli import main
+    from hires_hf.commands.ladder import worker_command
+
+    ladder, trained = fake_ladder
+    folder = str(ladder.store.folder.parent)
+    ask = ["ladder", "--smoke", "--quiet", "--out", folder, "--stages", "grid"]
+    assert main([*ask, "--arms", "control", "hires", "k=2"]) == 0
+    assert {p.arm.name for p in trained} == {"control", "hires", "k=2"}
+    k2 = sorted(p.settings.learning_rate for p in trained if p.arm.name == "k=2" and p.shape == ladder.rungs[0].shape)
+    assert k2[0] < OPTIMA["k=2"][0] < k2[-1]  # bracketed on its own
+    ladder.store.refresh()
+    ladder.settings = replace(ladder.settings, arms=("control", "hires", "k=2"))
+    assert "k=2" in summarize(ladder)["rungs"][0]["arms"]
+    count = len(trained)
+    for arms, named in (
+        (["control", "k=7"], "k=7"),
+        (["hires", "k=2"], "vanilla"),
+        (["control", "hires", "hires"], "twice"),
+    ):
+        assert main([*ask, "--arms", *arms]) == 2
+        error = capsys.readouterr().err.strip()
+        assert named in error and len(error.splitlines()) == 1
+    assert len(trained) == count
+    args = argparse.Namespace(
+        stages=["grid"],
+        out=Path(folder),
+        smoke=True,
+        device=None,
+        precision=None,
+        compile=None,
+        arms=["control", "k=2"],
+        seeds=None,
+        top_seeds=None,
+        checkpoint_minutes=None,
+    )
+    command = worker_command(args, 1, math.inf)  # each of --workers' processes trains the same arms
+    assert command[command.index("--arms") + 1 :][:2] == ["control", "k=2"]
 
 
 def test_a_stopped_ladder_trains_nothing_twice(fake_ladder):

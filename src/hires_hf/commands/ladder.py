@@ -3,6 +3,7 @@
     hires-hf ladder --workers 2      # two worker processes share the runs (all stages; stop and start at will)
     hires-hf ladder --report         # table, fits, summary.json, plots
     hires-hf ladder --cell hires 64x12 8e-3   # one run the plan skips (a rate outside a bracket), counted by the report
+    hires-hf ladder --arms control plain-twin hires k=6   # another set of arms (the report wants the same)
 
 The work is in `hires_hf.experiments.ladder`; results go to benchmarks/results/ladder/ in a checkout (--out).
 """
@@ -22,11 +23,13 @@ from pathlib import Path
 
 from ..errors import HiResUserError
 from ..experiments.ladder import (
+    ARM_NAMES,
     MOST_SEEDS,
     STAGES,
     Ladder,
     LadderSettings,
     cell_plan,
+    check_arms,
     check_corpus_environment,
     check_enough_data,
     open_ladder,
@@ -60,6 +63,8 @@ def settings_of(args: argparse.Namespace) -> LadderSettings:
     settings = LadderSettings.smoke() if args.smoke else LadderSettings()
     changes = {"device": args.device, "precision": args.precision, "compile": args.compile}
     changes |= {"rung_seeds": args.seeds, "top_seeds": args.top_seeds or args.seeds}
+    if args.arms:
+        changes["arms"] = tuple(check_arms(args.arms))
     if args.checkpoint_minutes is not None:
         changes["checkpoint_seconds"] = 60 * args.checkpoint_minutes
     return replace(settings, **{k: v for k, v in changes.items() if v is not None})
@@ -161,6 +166,7 @@ def worker_command(args: argparse.Namespace, threads: int, claim_until: float) -
     command = [sys.executable, "-m", "hires_hf.cli", "ladder", "--stages", *args.stages, "--out", str(args.out)]
     command += ["--threads", str(threads), "--quiet"] + (["--smoke"] if args.smoke else [])
     options = (("--device", args.device), ("--precision", args.precision), ("--compile", args.compile))
+    command += ["--arms", *args.arms] if args.arms else []
     counts = (
         ("--seeds", args.seeds),
         ("--top-seeds", args.top_seeds),
@@ -212,6 +218,14 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results folder (default {DEFAULT_OUT})")
     parser.add_argument("--smoke", action="store_true", help="the seconds-long ladder (tests)")
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        metavar="ARM",
+        help=f"the arms, at least one vanilla and one HiRes (default: {' '.join(default(LadderSettings, 'arms'))}; "
+        f"also {', '.join(sorted(set(ARM_NAMES) - set(default(LadderSettings, 'arms'))))}); the report wants the "
+        "same list to show them",
+    )
     parser.add_argument("--device", help=f"default {default(LadderSettings, 'device')}")
     parser.add_argument(
         "--precision", choices=("auto", "bf16", "fp32"), help=f"default {default(LadderSettings, 'precision')}"

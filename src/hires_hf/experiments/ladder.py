@@ -84,23 +84,40 @@ class Rung:
         return self.shape.name
 
 
+ARMS = {
+    "control": Arm("control", CONTROL),
+    "plain-twin": Arm("plain-twin", PLAIN),
+    "hires": Arm("hires", HIRES),
+    "D=4d": Arm("D=4d", fields={"residual_ratio": 4.0}),
+    "D=d": Arm("D=d", fields={"residual_ratio": 1.0}),
+    "k=2": Arm("k=2", fields={"layers_per_block": 2}),
+    "k=6": Arm("k=6", fields={"layers_per_block": 6}),  # fewer block boundaries for a circuit to straddle
+    "delta-write": Arm("delta-write", fields={"write_mode": "delta"}),
+    "qk-norm": Arm("qk-norm", fields={"qk_norm": "per_head"}),  # against the attention-entropy collapse
+}
+ARM_NAMES = tuple(ARMS)
+
+
 def ladder_arms(names: Sequence[str]) -> list[Arm]:
     """The ladder's arms by name: the two vanillas, the shipped HiRes and HiRes variants."""
-    known = {
-        "control": Arm("control", CONTROL),
-        "plain-twin": Arm("plain-twin", PLAIN),
-        "hires": Arm("hires", HIRES),
-        "D=4d": Arm("D=4d", fields={"residual_ratio": 4.0}),
-        "D=d": Arm("D=d", fields={"residual_ratio": 1.0}),
-        "k=2": Arm("k=2", fields={"layers_per_block": 2}),
-        "k=6": Arm("k=6", fields={"layers_per_block": 6}),  # fewer block boundaries for a circuit to straddle
-        "delta-write": Arm("delta-write", fields={"write_mode": "delta"}),
-        "qk-norm": Arm("qk-norm", fields={"qk_norm": "per_head"}),  # against the attention-entropy collapse
-    }
-    unknown = [name for name in names if name not in known]
+    unknown = [name for name in names if name not in ARMS]
     if unknown:
-        raise HiResUserError(f"Unknown ladder arm(s) {unknown}; choose from {', '.join(known)}.")
-    return [known[name] for name in names]
+        raise HiResUserError(f"Unknown ladder arm(s) {unknown}; choose from {', '.join(ARMS)}.")
+    return [ARMS[name] for name in names]
+
+
+def check_arms(names: Sequence[str]) -> list[str]:
+    """A ladder's arm list, refused unless it can give a verdict: a vanilla for the baseline, a HiRes to set against
+    it, no arm twice."""
+    arms = ladder_arms(names)
+    if len(set(names)) < len(names):
+        raise HiResUserError(f"--arms {' '.join(names)}: an arm is named twice; name each once.")
+    if not any(arm.kind != HIRES for arm in arms) or not any(arm.kind == HIRES for arm in arms):
+        raise HiResUserError(
+            f"--arms {' '.join(names)}: give at least one vanilla (control, plain-twin) and one HiRes arm: the "
+            "verdict sets the best HiRes against the better vanilla."
+        )
+    return list(names)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@
 #              judged at the nearest timed width's speed), and the report is written on the GPU machine (the runs'
 #              data is that machine's own Python sources). In 15 minutes of one H200: a first call (LADDER_SECONDS
 #              480, ~105 s of it preparing the corpus; 540 with LADDER_TAIL 45 once the top rung is next, whose runs
-#              take ~6 minutes with six at once); unpack its archive into benchmarks/results/ladder_gpu; then a
+#              take ~3 minutes with six at once on an H200 or an H100); unpack its archive into benchmarks/results/ladder_gpu; then a
 #              second (LADDER_SECONDS 240), which goes on from those runs. WORK=<the folder env.txt names> also
 #              saves the corpus if the machine is still up; it may not be (a 30-second idle wait once sent it back,
 #              and the second call, without the first's runs, trained 9 of them again). After the top rung: the
@@ -25,7 +25,8 @@
 # `hires-hf ladder --device cuda --seeds 3 --top-seeds 6 --report --from-record --out benchmarks/results/ladder_gpu`.
 # Usage: OUT=runs/gpu scripts/gpu_session.sh
 #   PHASES=stability|ladder runs one of them; STAB_STEPS, STAB_LRS, STAB_ARCHS, LADDER_STAGES, LADDER_WORKERS,
-#   LADDER_SEEDS, LADDER_TOP_SEEDS, LADDER_ARGS and MAX_CHARS shrink them to fit less GPU time; SMOKE=1 runs
+#   LADDER_SEEDS, LADDER_TOP_SEEDS, LADDER_ARGS and MAX_CHARS shrink them to fit less GPU time (LADDER_ARGS="--arms
+#   control plain-twin hires D=4d k=6" adds an arm); SMOKE=1 runs
 #   seconds-long versions (DEVICE=cpu: the ladder's on this machine's CPU, to try the script without a GPU). WORK=<the folder env.txt
 #   names>, on a machine still up from an earlier call, goes on from that call's runs and prepared data.
 set -uo pipefail

@@ -43,6 +43,7 @@ from hires_hf.experiments.runs import git_commit, machine
 from hires_hf.io import write_json_atomic, write_text_atomic
 from hires_hf.plotting import ARM_COLOURS, pyplot
 from hires_hf.tables import markdown_table
+from hires_hf.training.checkpoint import read_progress
 from hires_hf.training.loop import autocast, train_loop
 
 RESULTS = Path(__file__).resolve().parent / "results" / "induction_probe"
@@ -173,6 +174,8 @@ def train_probed(
             )
         except Enough:
             pass
+    # stopped early, the run's training loss is what its last checkpoint carried (it is saved every few minutes)
+    losses = result.train_losses if result is not None else (read_progress(checkpoint) or {}).get("train_losses")
     checkpoint.unlink(missing_ok=True)
     sidecar.unlink(missing_ok=True)
     return {
@@ -185,7 +188,7 @@ def train_probed(
         "steps": settings.steps,
         "final_loss": None if result is None else result.final_loss,
         # a run the ladder never trained (an arm probed for a mechanism) has no stored trace: keep the probe's own
-        "train_loss": None if result is None else [[step, round(loss, 5)] for step, loss in result.train_losses],
+        "train_loss": [[int(step), round(loss, 5)] for step, loss in losses] if losses else None,
         "probes": sorted(rows.values(), key=lambda r: r["step"]),
         "ladder_key": plan.key,  # the ladder run it retrains: its trace gives the training loss
         "commit": git_commit(),
@@ -195,7 +198,8 @@ def train_probed(
 
 
 def own_trace(case: dict[str, Any]) -> list[tuple[int, float]] | None:
-    """The training loss a probed run kept itself (only a run probed to its end), for a run the ladder lacks."""
+    """The training loss a probed run kept itself (every step of a run probed to its end; of one stopped early, as far
+    as its last checkpoint), for a run the ladder lacks."""
     return None if case.get("train_loss") is None else [(int(step), loss) for step, loss in case["train_loss"]]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import torch
@@ -144,3 +145,21 @@ def test_a_probed_run_is_the_ladders_run_and_a_stopped_one_keeps_its_probes(tmp_
     row = next(line for line in (out / "induction_probe.md").read_text().splitlines() if "seed 1 |" in line)
     mark, final = (cell.strip() for cell in row.strip("|").split("|")[-2:])
     assert mark and final == f"{longer['final_loss']:.3f}"  # a run the ladder never trained reports its own losses
+
+
+def test_a_run_stopped_early_keeps_its_training_loss_as_far_as_its_last_checkpoint(tmp_path, monkeypatch):
+    """A probe stopped before its run's end (a circuit's onset is all it asks) keeps the training loss its last
+    checkpoint carried, so that its report row has loss columns: before, such a run kept none."""
+    real = LadderSettings.smoke
+    every_step = staticmethod(lambda **fields: replace(real(**fields), checkpoint_seconds=1e-9))
+    monkeypatch.setattr(induction_probe.LadderSettings, "smoke", every_step)
+    ladder_dir, out = tmp_path / "ladder", tmp_path / "out"
+    ladder = open_ladder(LadderSettings.smoke(), ladder_dir, cache_dir(), progress=False)
+    stop = cell_plan(ladder, *CELL, 0).settings.steps // 2
+    common = [*SMOKE, "--ladder-dir", str(ladder_dir), "--out-dir", str(out), "--every", "2"]
+    assert induction_probe.main([*common, "--seeds", "0", "--until", str(stop)]) == 0
+    (case,) = induction_probe.stored_cases(out)
+    assert case["final_loss"] is None  # stopped early: no final loss
+    trace = induction_probe.own_trace(case)
+    assert [step for step, _ in trace] == list(range(1, stop + 1)) and all(math.isfinite(x) for _, x in trace)
+    assert not list((out / "checkpoints").iterdir())  # the checkpoint read, then removed

@@ -24,6 +24,7 @@ ARM_COLOURS = {
     "qk-norm": "tab:purple",
     "k=6": "tab:green",  # the block-size arms: the colour cycle would repeat hires's red by the fourth line
     "k=2": "tab:orange",
+    "no-outer-norm": "tab:brown",
 }
 
 

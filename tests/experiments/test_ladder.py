@@ -29,6 +29,7 @@ from hires_hf.experiments.ladder import (
     SQRT2,
     LadderSettings,
     claim,
+    ladder_arms,
     open_ladder,
     record_corpus,
     recorded_data,
@@ -1036,3 +1037,22 @@ def test_from_record_is_refused_in_one_line_for_training(tmp_path, capsys):
     error = capsys.readouterr().err.strip()
     assert "--report" in error and len(error.splitlines()) == 1
     assert not (tmp_path / "ladder").exists()
+
+
+def test_the_no_outer_norm_arm_removes_the_postnorm_and_nothing_else(fake_ladder):
+    """The ablation that asks which part of a block boundary delays a circuit: `outer_norm=False` alone would also
+    drop the write norm and reset both multipliers to 1 (the additive stream's defaults), changing four things."""
+    import torch
+
+    ladder, _ = fake_ladder
+    shape = Shape.parse("64x12", vocab_size=300)
+    hires, ablated = (arm.hires_config(shape, ladder.data) for arm in ladder_arms(["hires", "no-outer-norm"]))
+    assert hires.outer_norm and not ablated.outer_norm
+    kept = ("write_norm", "write_multiplier", "embedding_multiplier", "residual_size", "layers_per_block")
+    assert {name: getattr(ablated, name) for name in kept} == {name: getattr(hires, name) for name in kept}
+    torch.manual_seed(0)
+    model = ladder_arms(["no-outer-norm"])[0].model(shape, ladder.data)
+    names = [name for name, _ in model.named_modules()]
+    assert not any(name.endswith("outer_norm") for name in names) and any(name.endswith("write_norm") for name in names)
+    plans = [ladder.plan(arm, ladder.rungs[0], 4e-3) for arm in ladder_arms(["hires", "no-outer-norm"])]
+    assert plans[0].key != plans[1].key  # its own runs, never a shipped HiRes's

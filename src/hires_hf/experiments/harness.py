@@ -132,7 +132,9 @@ class Shape:
 class Arm:
     """One architecture to train: HiRes with some fields changed, the control, or the plain twin.
 
-    `fields` override HiResConfig fields of the shape's HiRes config; `residual_ratio` (D / d) is accepted too.
+    `fields` override HiResConfig fields of the shape's HiRes config; `residual_ratio` (D / d) is accepted too, and
+    `outer_norm_only: True` removes the outer PostNorm alone, the write norm and both multipliers kept at the values
+    the normed stream derives (`outer_norm=False` would reset them too).
     """
 
     name: str
@@ -143,6 +145,10 @@ class Arm:
         fields = dict(self.fields)
         if "residual_ratio" in fields:
             fields["residual_size"] = round(fields.pop("residual_ratio") * shape.hidden_size)
+        if fields.pop("outer_norm_only", False):
+            normed = shape.config(data.special, data.context, **fields)
+            kept = ("write_norm", "write_multiplier", "embedding_multiplier")
+            fields |= {name: getattr(normed, name) for name in kept} | {"outer_norm": False}
         return shape.config(data.special, data.context, **fields)
 
     def config(self, shape: Shape, data: Data) -> PreTrainedConfig:

@@ -93,6 +93,8 @@ ARMS = {
     "k=2": Arm("k=2", fields={"layers_per_block": 2}),
     "k=6": Arm("k=6", fields={"layers_per_block": 6}),  # fewer block boundaries for a circuit to straddle
     "delta-write": Arm("delta-write", fields={"write_mode": "delta"}),
+    # a block boundary without its PostNorm (write norm and multipliers as shipped): which part of it delays a circuit
+    "no-outer-norm": Arm("no-outer-norm", fields={"outer_norm_only": True}),
     "qk-norm": Arm("qk-norm", fields={"qk_norm": "per_head"}),  # against the attention-entropy collapse
 }
 ARM_NAMES = tuple(ARMS)

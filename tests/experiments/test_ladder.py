@@ -528,12 +528,14 @@ def test_each_gap_carries_an_interval_that_narrows_with_seeds_and_widens_with_th
     assert widths["quiet"] < widths["noisy"]
 
 
-def test_the_multiplier_is_fitted_only_through_rungs_where_every_rate_is_bracketed(fake_ladder):
+def test_an_arm_is_fitted_only_through_rungs_where_its_rate_is_bracketed(fake_ladder):
     """A rung half done (an arm at one rate that stalled, say) would read a rate's failure as the architecture's
-    scaling: the fit waits until every arm's rate at a rung is bracketed."""
+    scaling: that arm's point waits until its rate is bracketed, and the other arms keep their fit meanwhile."""
     ladder, _ = fake_ladder
+    ladder.settings = replace(ladder.settings, arms=("control", "plain-twin", "hires", "D=4d"))
     run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
-    assert summarize(ladder)["fit"] is not None  # both rungs below the top bracketed
+    before = summarize(ladder)["fit"]
+    assert set(before["multipliers"]) == {"hires", "D=4d"}  # both rungs below the top bracketed
     rung = ladder.rungs[1]
     hires = [
         r for r in ladder.store.runs() if r.arm == "hires" and r.seed == 0 and r.spec["budget"]["flops"] == rung.flops
@@ -541,7 +543,31 @@ def test_the_multiplier_is_fitted_only_through_rungs_where_every_rate_is_bracket
     for run in sorted(hires, key=lambda run: run.lr)[:-1]:  # only its highest rate is left: an edge, not a bracket
         next(ladder.store.folder.glob(f"*-{run.key}.json")).unlink()
     ladder.store.refresh()
-    assert summarize(ladder)["fit"] is None
+    after = summarize(ladder)["fit"]
+    assert after["held_out"] == ["hires"] and set(after["multipliers"]) == {"D=4d"}
+    assert after["multipliers"]["D=4d"]["value"] == pytest.approx(before["multipliers"]["D=4d"]["value"])
+    assert after["laws"]["baseline"] == before["laws"]["baseline"]
+
+
+def test_an_arm_added_mid_way_is_shown_but_does_not_take_the_other_arms_fit_with_it(fake_ladder, tmp_path):
+    """`--arms` adds a variant after the ladder has run: until its rate is bracketed at two rungs it has no law, and
+    the rungs it has not reached (or not bracketed) still fit the arms that have."""
+    from hires_hf.experiments.ladder import cell_plan, train_cell
+
+    ladder, _ = fake_ladder
+    run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
+    before = summarize(ladder)["fit"]
+    ladder.settings = replace(ladder.settings, arms=(*ladder.settings.arms, "k=2"))
+    rung = ladder.rungs[0]
+    for lr in (2e-3, 4e-3):  # the low edge and its best: not yet a bracket
+        train_cell(ladder, cell_plan(ladder, "k=2", rung.name, lr), progress=False)
+
+    summary = summarize(ladder)
+    assert summary["rungs"][0]["arms"]["k=2"]["bracket"] != "bracketed"
+    after = summary["fit"]
+    assert after["held_out"] == ["k=2"] and "k=2" not in after["laws"]
+    assert after["multiplier"]["value"] == pytest.approx(before["multiplier"]["value"])
+    assert "Not fitted (its rate bracketed at fewer than two rungs" in write_report(ladder, tmp_path / "report")
 
 
 def test_the_report_shows_each_rungs_rate_grid_its_seeds_and_their_training_loss(fake_ladder, tmp_path):
@@ -700,7 +726,9 @@ def test_one_lucky_seed_does_not_keep_a_hires_variant_off_the_top_rung(fake_ladd
     assert summary["top_pruned"] == {}
     assert set(summary["fit"]["multipliers"]) == {"hires", "D=4d"}
     other = next(name for name in ("hires", "D=4d") if name != summary["fit"]["best_hires"])
-    assert f"The other HiRes arms at the same compute: {other} " in write_report(ladder, tmp_path / "report")
+    assert f"The other HiRes arms, each at the top of its fitted rungs: {other} " in write_report(
+        ladder, tmp_path / "report"
+    )
 
 
 def test_a_hires_arms_trend_follows_that_arm_where_the_best_hires_changes_from_rung_to_rung():
@@ -976,7 +1004,7 @@ def test_a_rung_whose_grid_waits_on_a_reopened_bracket_below_still_shows_its_run
     assert summary["rungs"][0]["arms"]["hires"]["bracket"] == "low edge"
     after = summary["rungs"][1]["arms"]["hires"]
     assert after["bracket"] == "rung below open" and after["grid"] == before["grid"]
-    assert summary["fit"] is None  # no longer two rungs with every arm bracketed
+    assert summary["fit"] is None  # hires, the only HiRes arm, no longer bracketed at two rungs
 
 
 def test_the_report_reads_the_gap_from_the_seeds_that_did_not_choose_the_rate(fake_ladder, tmp_path):

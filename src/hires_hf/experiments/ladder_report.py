@@ -361,40 +361,62 @@ def noise_of(noise: dict[str, Noise], name: str) -> Noise | None:
     return noise.get(name, noise.get(ALL_ARMS))
 
 
-def settled_rung(rung: dict[str, Any]) -> bool:
-    """Whether every arm's rate at a rung is bracketed: a fit through single unbracketed runs (HiRes at a rate that
-    stalled, say) would read a rate's failure as the architecture's scaling."""
-    return all(cell["bracket"] == "bracketed" for cell in rung["arms"].values())
+def baseline_settled(rung: dict[str, Any]) -> bool:
+    """Whether a rung's baseline can be fitted: every vanilla there has its rate bracketed, since the better of the
+    two is only known to be the better once both are."""
+    vanillas = [rung["arms"][name] for name in VANILLAS if name in rung["arms"]]
+    return bool(vanillas) and all(cell["bracket"] == "bracketed" for cell in vanillas)
+
+
+def fitted_rungs(summary: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per arm ("baseline" too), the rungs its law is fitted through: those where the baseline and the arm's own rate
+    are bracketed, and only arms with two such rungs. A fit through an unbracketed run (HiRes at a rate that
+    stalled, say) would read a rate's failure as the architecture's scaling; holding out that arm's point alone,
+    not the rung, keeps an arm added mid-way from taking the others' fit with it."""
+    rungs = [rung for rung in summary["rungs"] if rung["baseline"] and baseline_settled(rung)]
+    arms: dict[str, list[dict[str, Any]]] = {"baseline": rungs}
+    for name in dict.fromkeys(name for rung in rungs for name in rung["arms"]):
+        arms[name] = [rung for rung in rungs if rung["arms"].get(name, {}).get("bracket") == "bracketed"]
+    return {name: own for name, own in arms.items() if len(own) >= 2}
+
+
+def _loss(rung: dict[str, Any], name: str) -> float:
+    """An arm's loss at a rung; "baseline": the better vanilla's."""
+    return rung["arms"][rung["baseline"] if name == "baseline" else name]["loss"]
 
 
 def fit(summary: dict[str, Any], noise: dict[str, Noise]) -> dict[str, Any] | None:
-    """Power laws per arm over the rungs and the best HiRes's FLOPs multiplier over the baseline, at the top; `noise`
-    is each arm's seed noise of one run (`seed_noise`), the bootstrap's least noise for that arm's points (the
-    baseline's: the two vanillas' pooled, since it is one or the other from rung to rung)."""
-    complete = [r for r in summary["rungs"] if r["baseline"] and r["best_hires"] and settled_rung(r)]
-    if len(complete) < 2:
+    """Power laws per arm over its fitted rungs (`fitted_rungs`) and each HiRes arm's FLOPs multiplier over the
+    baseline at the top of its own rungs (no arm's law is extrapolated); the headline is the best HiRes arm at the
+    highest rung any reaches. `noise` is each arm's seed noise of one run (`seed_noise`), the bootstrap's least
+    noise for that arm's points (the baseline's: the two vanillas' pooled, since it is one or the other from rung to
+    rung)."""
+    rungs = fitted_rungs(summary)
+    variants = [name for name in rungs if name != "baseline" and ladder_arms([name])[0].kind == HIRES]
+    if "baseline" not in rungs or not variants:
         return None
-    top = complete[-1]
-    points = []
-    for rung in complete:
-        points.append(Point("baseline", 1, rung["flops"], rung["arms"][rung["baseline"]]["loss"]))
-        for name, cell in rung["arms"].items():
-            points.append(Point(name, 1, rung["flops"], cell["loss"]))
-    hires = top["best_hires"]
-    variants = [name for name in top["arms"] if ladder_arms([name])[0].kind == HIRES]
-    chosen = [p for p in points if p.arch == "baseline" or p.arch in variants]
+    points = [Point(name, 1, rung["flops"], _loss(rung, name)) for name, own in rungs.items() for rung in own]
     floors = {name: n.sd for name in ["baseline", *variants] if (n := noise_of(noise, name)) is not None}
-    report = analyse(chosen, baseline="baseline", at_compute=top["flops"], bootstrap=2000, noise=floors)
     laws = analyse(points, baseline="baseline", bootstrap=0)
-    multipliers = {
-        m.arch: {**_multiplier_record(m), "gap_per_decade": gap_trend(complete, m.arch)} for m in report.multipliers
-    }
+    multipliers = {}
+    for name in variants:
+        own = rungs[name]
+        shared = {rung["flops"] for rung in own}
+        chosen = [p for p in points if p.arch == name or (p.arch == "baseline" and p.flops in shared)]
+        report = analyse(chosen, baseline="baseline", at_compute=own[-1]["flops"], bootstrap=2000, noise=floors)
+        multipliers[name] = {**_multiplier_record(report.multipliers[0]), "gap_per_decade": gap_trend(own, name)}
+    top = max(rungs[name][-1]["flops"] for name in variants)
+    rung = next(r for r in summary["rungs"] if r["flops"] == top)
+    hires = min((name for name in variants if rungs[name][-1] is rung), key=lambda name: _loss(rung, name))
+    arms = {name for r in summary["rungs"] for name in r["arms"]}
     return {
         "laws": {arch: {"A": f.law.A, "alpha": f.law.alpha, "points": len(f.runs)} for arch, f in laws.fits.items()},
+        "rungs": {name: [r["shape"] for r in own] for name, own in rungs.items()},
+        "held_out": sorted(arms - set(rungs)),
         "best_hires": hires,
-        "multiplier": multipliers.get(hires),
+        "multiplier": multipliers[hires],
         "multipliers": multipliers,
-        "gap_per_decade": gap_trend(complete, hires),
+        "gap_per_decade": multipliers[hires]["gap_per_decade"],
         "seed_sd": None if ALL_ARMS not in noise else noise[ALL_ARMS].sd,
         "noise": floors,
         "article": article_test(laws.fits["baseline"].law, summary["rungs"][-1]["flops"], floors, hires),
@@ -817,10 +839,17 @@ def markdown(summary: dict[str, Any]) -> str:
         others = {name: m for name, m in result.get("multipliers", {}).items() if name != result["best_hires"]}
         if others:
             each = "; ".join(
-                f"{name} {m['value']:.3f} ({m['ci_low']:.3f}-{m['ci_high']:.3f}), {m['gap_per_decade']:+.3f} a decade"
+                f"{name} {m['value']:.3f} ({m['ci_low']:.3f}-{m['ci_high']:.3f})"
+                + ("" if m["at_flops"] == result["multiplier"]["at_flops"] else f" at {m['at_flops']:.3g} FLOPs")
+                + f", {m['gap_per_decade']:+.3f} a decade"
                 for name, m in others.items()
             )
-            lines[-1] += f" The other HiRes arms at the same compute: {each}."
+            lines[-1] += f" The other HiRes arms, each at the top of its fitted rungs: {each}."
+        if result.get("held_out"):
+            lines[-1] += (
+                f" Not fitted (its rate bracketed at fewer than two rungs with a bracketed baseline): "
+                f"{', '.join(result['held_out'])}."
+            )
         if result.get("article"):
             a = result["article"]
             lines += [
@@ -830,10 +859,10 @@ def markdown(summary: dict[str, Any]) -> str:
                 f"nats of seed noise a run for {result['best_hires']} and {result['noise']['baseline']:.4f} for the "
                 f"baseline, {a['seeds']} seeds a side tell that gap from none (95% two-sided, 80% power).",
             ]
+    else:
+        lines.append("The fit needs two rungs where the baseline and a HiRes arm have their rates bracketed.")
     if summary.get("noise"):
         lines += ["", noise_line(summary["noise"])]
-    else:
-        lines.append("The fit needs at least two rungs with every arm's rate bracketed.")
     return "\n".join(lines) + "\n"
 
 

@@ -567,7 +567,9 @@ def test_an_arm_added_mid_way_is_shown_but_does_not_take_the_other_arms_fit_with
     after = summary["fit"]
     assert after["held_out"] == ["k=2"] and "k=2" not in after["laws"]
     assert after["multiplier"]["value"] == pytest.approx(before["multiplier"]["value"])
-    assert "Not fitted (its rate bracketed at fewer than two rungs" in write_report(ladder, tmp_path / "report")
+    report = write_report(ladder, tmp_path / "report")
+    assert "Not fitted (its rate bracketed at fewer than two rungs" in report
+    assert f"--arms {' '.join(ladder.settings.arms)}" in report  # the report says how to rebuild it as it is
 
 
 def test_the_report_shows_each_rungs_rate_grid_its_seeds_and_their_training_loss(fake_ladder, tmp_path):

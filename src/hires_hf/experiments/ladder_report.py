@@ -30,6 +30,7 @@ from .ladder import (
     MOST_SEEDS,
     STAGES,
     Ladder,
+    LadderSettings,
     _rates_around,
     ladder_arms,
     open_runs,
@@ -299,7 +300,8 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
         "bf16_kernels": kernels(ladder),
         "device": ladder.device.type,
         "gpus": gpu_runs(ladder),
-        "commands": list(COMMANDS.get(ladder.device.type, ())),
+        "arms": list(ladder.settings.arms),
+        "commands": commands(ladder),
     }
     for index, rung in enumerate(rungs):
         cells = rung_cells(ladder, index)
@@ -339,6 +341,15 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
     summary["top_pruned"] = contenders[1] if contenders else {}
     summary["fit"] = fit(summary, noise)
     return summary
+
+
+def commands(ladder: Ladder) -> list[str]:
+    """How this device's ladder is run, with the arms named where they are not the default ones, so that the
+    committed report can be rebuilt as it is."""
+    lines = list(COMMANDS.get(ladder.device.type, ()))
+    if tuple(ladder.settings.arms) != LadderSettings.arms:
+        lines.append(f"# each hires-hf ladder command above with --arms {' '.join(ladder.settings.arms)}")
+    return lines
 
 
 def gap_intervals(rung: dict[str, Any], noise: dict[str, Noise]) -> dict[str, float]:

@@ -565,13 +565,14 @@ def plot(summary: dict[str, Any], path: Path) -> Path:
     figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     arms = sorted({name for rung in summary["rungs"] for name in rung["arms"]})
     laws = (summary.get("fit") or {}).get("laws", {})
+    fitted = (summary.get("fit") or {}).get("rungs", {})
     colours = plt.get_cmap("tab10")
     for i, name in enumerate(arms):
         colour = ARM_COLOURS.get(name, colours(i % 10))
         points = [(r["flops"], r["arms"][name]["loss"]) for r in summary["rungs"] if name in r["arms"]]
         left.plot(*zip(*points, strict=True), "o", color=colour, label=name)
-        if name in laws:
-            flops = [p[0] for p in points]
+        if name in laws:  # drawn over the rungs it is fitted through
+            flops = [r["flops"] for r in summary["rungs"] if r["shape"] in fitted[name]]
             grid = [min(flops) * (max(flops) / min(flops)) ** (t / 20) for t in range(21)]
             law = laws[name]
             left.plot(grid, [law["A"] * c ** -law["alpha"] for c in grid], color=colour, linewidth=1)

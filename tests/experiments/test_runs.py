@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 
 from hires_hf.experiments.harness import execute
 from hires_hf.experiments.ladder import LadderSettings, cell_plan, ladder_arms, open_ladder
@@ -32,3 +33,22 @@ def test_a_ladder_of_minutes_long_runs_keeps_their_whole_trace_when_asked_to_che
     trace = ladder.store.trace(plan.key)
     assert trace is not None and [step for step, _ in trace] == list(range(1, plan.settings.steps + 1))
     assert main([*cell, "--checkpoint-minutes", "0"]) == 2  # refused in one line, nothing trained
+
+
+def test_the_ladder_command_gives_sigterm_back_to_the_process_that_called_it(tmp_path):
+    """While it trains, `kill` exits through the run's claim release; a script that calls `main` keeps its own
+    SIGTERM handling once the command returns, and after a refused command too."""
+    from hires_hf.cli import main
+
+    def own(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        cell = ["ladder", "--smoke", "--quiet", "--out", str(tmp_path), "--cell", "control", "32x4", "4e-3"]
+        assert main(cell) == 0
+        assert signal.getsignal(signal.SIGTERM) is own
+        assert main([*cell[:-1], "fast"]) == 2
+        assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, previous)

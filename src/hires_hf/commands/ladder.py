@@ -17,7 +17,8 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -85,10 +86,15 @@ def run_ladder(args: argparse.Namespace) -> int:
             raise HiResUserError(f"{flag} {seeds}: give 1 to {MOST_SEEDS} seeds at each best rate.")
     if args.checkpoint_minutes is not None and args.checkpoint_minutes <= 0:
         raise HiResUserError(f"--checkpoint-minutes {args.checkpoint_minutes:g}: give a positive number of minutes.")
+    with exit_on_term():  # `kill`: leave the run's claim free for the next worker
+        return train_ladder(args)
+
+
+def train_ladder(args: argparse.Namespace) -> int:
+    """The stages, one `--cell`, or the `--workers` that share the stages, once the arguments are checked."""
     claim_until = claim_deadline(args)
     settings = settings_of(args)
     set_threads(args.threads)
-    signal.signal(signal.SIGTERM, _exit_on_term)  # `kill`: leave the run's claim free for the next worker
     check_corpus_environment(settings, args.out)
     ladder = open_ladder(settings, args.out, cache_dir(), progress=not args.quiet)
     check_enough_data(ladder)
@@ -176,6 +182,17 @@ def worker_command(args: argparse.Namespace, threads: int, claim_until: float) -
         if value is not None:
             command += [flag, str(value)]
     return command + ([] if math.isinf(claim_until) else ["--claim-until", repr(claim_until)])
+
+
+@contextmanager
+def exit_on_term() -> Iterator[None]:
+    """SIGTERM exits through `finally` blocks while the ladder trains, and is the caller's again afterwards (a
+    script or notebook that calls `main` keeps its own handling)."""
+    previous = signal.signal(signal.SIGTERM, _exit_on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _exit_on_term(signum: int, frame: object) -> None:

@@ -1011,7 +1011,8 @@ def test_a_rung_whose_grid_waits_on_a_reopened_bracket_below_still_shows_its_run
 
 def test_the_report_reads_the_gap_from_the_seeds_that_did_not_choose_the_rate(fake_ladder, tmp_path):
     """Seed 0 picks each best rate, so a cell's mean leans low (on one H200 seed 0 was its cell's lowest in 7 of 8).
-    The report also gives each rung's gap from the other seeds alone, which that choice did not touch."""
+    The report also gives each HiRes arm's gap at each rung from the other seeds alone, which that choice did not
+    touch."""
     ladder, _ = fake_ladder
     ladder.seed_effect["nats"] = 0.01  # every later seed a little worse than seed 0, as a lucky seed 0 would be
     run_stages(ladder, ["grid"], progress=False, log=lambda line: None)
@@ -1026,7 +1027,7 @@ def test_the_report_reads_the_gap_from_the_seeds_that_did_not_choose_the_rate(fa
     note = next(line for line in text.splitlines() if line.startswith("**Free of the rate choice:**"))
     cells = sum(len(r["arms"]) for r in summary["rungs"])
     assert f"in {cells} of {cells} cells" in note
-    assert f"{rung['shape']} {rung['best_hires']} {hires - baseline:+.4f} against {rung['baseline']}" in note
+    assert f"{rung['shape']} against {rung['baseline']}: {rung['best_hires']} {hires - baseline:+.4f}" in note
     assert f"{hires - baseline:+.4f}" != f"{rung['gap']:+.4f}"  # not the seed means' gap the table gives
 
 

@@ -547,11 +547,12 @@ def held_out_note(summary: dict[str, Any]) -> str | None:
     lowest = sum(cell["seed_losses"][0] == min(cell["seed_losses"]) for cell in cells)
     gaps = []
     for rung in summary["rungs"]:
-        pair = [rung["arms"].get(name) for name in (rung["best_hires"], rung["baseline"])]
-        if None in pair or any(cell["seeds"] < 2 for cell in pair):
-            continue
-        hires, baseline = (statistics.fmean(without_stalls(cell["seed_losses"][1:])) for cell in pair)
-        gaps.append(f"{rung['shape']} {rung['best_hires']} {hires - baseline:+.4f} against {rung['baseline']}")
+        others = {name: cell["seed_losses"][1:] for name, cell in rung["arms"].items() if cell["seeds"] > 1}
+        held_out = {name: statistics.fmean(without_stalls(losses)) for name, losses in others.items()}
+        arms = [name for name in held_out if name not in VANILLAS]  # every HiRes arm: the best was chosen by seed 0
+        if rung["baseline"] in held_out and arms:
+            each = ", ".join(f"{name} {held_out[name] - held_out[rung['baseline']]:+.4f}" for name in arms)
+            gaps.append(f"{rung['shape']} against {rung['baseline']}: {each}")
     return (
         f"**Free of the rate choice:** seed 0 chose each arm's best rate and is the lowest seed of its cell in {lowest}"
         f" of {len(cells)} cells with several, so a cell's mean leans low. The gap from the other seeds' means (a"

@@ -11,12 +11,12 @@
 #              benchmarks/results/ladder_gpu/runs, its workers start only runs expected to end LADDER_TAIL (60)
 #              seconds before the phase does (a run cut off would be lost; a width not timed on the GPU yet is
 #              judged at the nearest timed width's speed), and the report is written on the GPU machine (the runs'
-#              data is that machine's own Python sources). In 15 minutes of one H200: a first call (LADDER_SECONDS
+#              data is that machine's own Python sources). In 15 minutes of one H200: a first run of this script (LADDER_SECONDS
 #              480, ~105 s of it preparing the corpus; 540 with LADDER_TAIL 45 once the top rung is next, whose runs
 #              take ~3 minutes with six at once on an H200 or an H100); unpack its archive into benchmarks/results/ladder_gpu; then a
 #              second (LADDER_SECONDS 240), which goes on from those runs. WORK=<the folder env.txt names> also
-#              saves the corpus if the machine is still up; it may not be (a 30-second idle wait once sent it back,
-#              and the second call, without the first's runs, trained 9 of them again). After the top rung: the
+#              saves the corpus if the machine is still up; it may not be (one left idle for 30 seconds was gone,
+#              and the second run, without the first's runs, trained 9 of them again). After the top rung: the
 #              floor, then bf16 against fp32 (the precision stage).
 # Each phase's results are one archive ($OUT/<phase>.tar.gz) beside its log ($OUT/<phase>_log.txt), so that a
 # handful of files are copied back however many runs a phase trains. Unpack the ladder's into
@@ -28,7 +28,7 @@
 #   LADDER_SEEDS, LADDER_TOP_SEEDS, LADDER_ARGS and MAX_CHARS shrink them to fit less GPU time (LADDER_ARGS="--arms
 #   control plain-twin hires D=4d k=6" adds an arm); SMOKE=1 runs
 #   seconds-long versions (DEVICE=cpu: the ladder's on this machine's CPU, to try the script without a GPU). WORK=<the folder env.txt
-#   names>, on a machine still up from an earlier call, goes on from that call's runs and prepared data.
+#   names>, on a machine still up from an earlier run of this script, goes on from its runs and prepared data.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu}"
@@ -91,7 +91,7 @@ if [[ " $PHASES " == *" ladder "* ]]; then
   ladder=(-m hires_hf.cli ladder --device "$DEVICE" --out "$WORK/ladder" --quiet --seeds "${LADDER_SEEDS:-3}"
           --top-seeds "${LADDER_TOP_SEEDS:-6}" --checkpoint-minutes 0.5 ${LADDER_ARGS:-})
   [ -n "${SMOKE:-}" ] && ladder+=(--smoke)
-  seconds="${LADDER_SECONDS:-420}"  # whole seconds; with the start, the report and the packing, one 10-minute call
+  seconds="${LADDER_SECONDS:-420}"  # whole seconds; with the start, the report and the packing, ten minutes in all
   minutes=$(awk -v s="$seconds" -v tail="${LADDER_TAIL:-60}" 'BEGIN { print (s - tail) / 60 }')
   timeout -k 30 "$seconds" "$PY" "${ladder[@]}" --stages ${LADDER_STAGES:-grid top floor precision} \
     --workers "${LADDER_WORKERS:-6}" --claim-for "$minutes" 2>&1 | tee "$OUT/ladder_log.txt" | tail -5

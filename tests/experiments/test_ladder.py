@@ -40,12 +40,14 @@ from hires_hf.experiments.ladder_report import (
     budget,
     budget_table,
     gap_trend,
+    gap_trend_half_width,
     rate_tables,
     share_to_reach,
     summarize,
     write_report,
 )
 from hires_hf.experiments.runs import keyed_as, stored_versions
+from hires_hf.experiments.seed_noise import pooled
 from hires_hf.training.bf16_emulation import EMULATED, NATIVE
 
 # Each arm's (made-up) best rate and best loss: final loss is a parabola in log2(rate) around it.
@@ -476,6 +478,10 @@ def test_the_report_names_the_baseline_and_the_multiplier(fake_ladder, tmp_path)
     text = write_report(ladder, tmp_path / "report")
     assert "**Multiplier** of hires" in text and (tmp_path / "report" / "summary.json").exists()
     assert (tmp_path / "report" / "ladder.png").stat().st_size > 10_000
+    # the gap trend is written with its interval, and the gaps are drawn with theirs
+    width = summary["fit"]["gap_per_decade_half_width"]
+    assert width > 0 and f"{summary['fit']['gap_per_decade']:+.3f} ± {width:.3f} nats per decade" in text
+    assert "![gaps to the baseline](gaps.png)" in text and (tmp_path / "report" / "gaps.png").stat().st_size > 10_000
 
 
 def ladders_by_seed_noise(ladder, settings: LadderSettings, folder):
@@ -746,6 +752,50 @@ def test_a_hires_arms_trend_follows_that_arm_where_the_best_hires_changes_from_r
     assert gap_trend(rungs, "D=4d") == pytest.approx(-0.151)  # +0.20 to +0.049
 
 
+TRUE_LOSSES = {"control": (2.85, 2.60, 2.40), "plain-twin": (2.91, 2.59, 2.38), "hires": (2.95, 2.62, 2.38)}
+RUNG_FLOPS = (1.25e14, 3.5e14, 1e15)
+
+
+def rungs_of(means: dict[str, list[float]], seeds: dict[str, int]) -> list[dict]:
+    """Rungs as the report summarises them, from each arm's loss at each rung; the baseline changes arm after rung 1."""
+    return [
+        {
+            "flops": flops,
+            "baseline": "control" if i == 0 else "plain-twin",
+            "arms": {arm: {"loss": float(losses[i]), "seeds": seeds[arm]} for arm, losses in means.items()},
+        }
+        for i, flops in enumerate(RUNG_FLOPS)
+    ]
+
+
+def simulated_rungs(rng, seeds: dict[str, int]) -> tuple[list[dict], dict]:
+    """Three rungs of seed means drawn around `TRUE_LOSSES`, each arm scattering by its own noise (HiRes's the most,
+    as on the CPU), and each arm's noise pooled from the draws."""
+    sds = {"control": 0.03, "plain-twin": 0.01, "hires": 0.09}
+    draws = {arm: [rng.normal(loss, sds[arm], seeds[arm]) for loss in losses] for arm, losses in TRUE_LOSSES.items()}
+    means = {arm: [cell.mean() for cell in cells] for arm, cells in draws.items()}
+    return rungs_of(means, seeds), {arm: pooled([list(cell) for cell in cells]) for arm, cells in draws.items()}
+
+
+def test_a_gap_trends_interval_covers_the_true_trend_as_often_as_it_says():
+    """The README's central number is a trend over three rungs of noisy seed means; its 95% interval must hold the
+    true trend in about 95% of ladders, not more (too wide to be of use) nor fewer (a trend read from noise)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    seeds = {"control": 3, "plain-twin": 3, "hires": 4}
+    true_trend = gap_trend(rungs_of(TRUE_LOSSES, seeds), "hires")
+    draws, covered = 2000, 0
+    for _ in range(draws):
+        rungs, noise = simulated_rungs(rng, seeds)
+        covered += abs(gap_trend(rungs, "hires") - true_trend) <= gap_trend_half_width(rungs, "hires", noise)
+    assert 0.94 <= covered / draws <= 0.97  # 0.956 here; a normal quantile in place of Student's t: 0.931
+    rungs, noise = simulated_rungs(rng, seeds)
+    fewer = [{**rung, "arms": {**rung["arms"], "hires": {**rung["arms"]["hires"], "seeds": 1}}} for rung in rungs]
+    assert gap_trend_half_width(fewer, "hires", noise) > gap_trend_half_width(rungs, "hires", noise)
+    assert gap_trend_half_width(rungs[:1], "hires", noise) is None  # one rung has no trend
+
+
 def test_another_environments_python_sources_are_refused_before_they_retire_every_stored_run(
     fake_ladder, tmp_path, monkeypatch
 ):
@@ -949,6 +999,18 @@ def test_a_rate_the_plan_skips_is_trained_once_by_hand_and_shown_in_its_rungs_gr
     error = capsys.readouterr().err.strip()
     assert "99x9" in error and rung.name in error and len(error.splitlines()) == 1
     assert len(trained) == count + 1
+
+
+def test_a_resumed_run_shows_its_progress_from_the_step_it_resumes_at(fake_ladder, monkeypatch, capsys):
+    """A run resumed from its checkpoint after a stop shows the steps it has, not 0 of N: a bar at 0 with hours to
+    go reads as a restart, and a researcher who believes it stops a good run."""
+    ladder, _ = fake_ladder
+    plan = ladder.plan(ladder.arms[0], ladder.rungs[0], 8e-3)
+    saved, steps = plan.settings.steps // 2, plan.settings.steps
+    monkeypatch.setattr(ladder_module, "read_progress", lambda path: {"step": saved, "curve": [], "seconds": 1.0})
+    ladder_module.train_cell(ladder, plan, progress=True)
+    bar = capsys.readouterr().err
+    assert f"{saved}/{steps}" in bar and f" 0/{steps}" not in bar
 
 
 def test_a_stalled_seed_is_shown_but_not_counted_as_seed_noise_in_the_multipliers_interval(fake_ladder):

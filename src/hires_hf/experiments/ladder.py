@@ -729,7 +729,15 @@ def _train(ladder: Ladder, plan: RunPlan, progress: bool) -> Run:
     saved = read_progress(ladder.store.checkpoint(plan.key)) or {"curve": [], "seconds": 0.0}
     watch = StallWatch(plan, ladder.data, baseline_curve(ladder, plan), saved["curve"])
     start = time.perf_counter()
-    with tqdm(total=plan.settings.steps, desc=label, disable=not progress, dynamic_ncols=True, mininterval=5) as bar:
+    bar = tqdm(
+        total=plan.settings.steps,
+        initial=saved.get("step", 0),  # a resumed run counts from its checkpoint, not as a restart
+        desc=label,
+        disable=not progress,
+        dynamic_ncols=True,
+        mininterval=5,
+    )
+    with bar:
         try:
             return execute(
                 plan,

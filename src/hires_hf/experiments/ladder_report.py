@@ -37,7 +37,7 @@ from .ladder import (
     precision_rate,
     top_contenders,
 )
-from .seed_noise import Noise, pooled, welch_half_width, without_stalls
+from .seed_noise import Noise, pooled, weighted_means_half_width, welch_half_width, without_stalls
 from .stalls import baseline_at
 
 COMMANDS = {  # how each device's ladder is run, and what one worker of its budget is
@@ -415,7 +415,11 @@ def fit(summary: dict[str, Any], noise: dict[str, Noise]) -> dict[str, Any] | No
         shared = {rung["flops"] for rung in own}
         chosen = [p for p in points if p.arch == name or (p.arch == "baseline" and p.flops in shared)]
         report = analyse(chosen, baseline="baseline", at_compute=own[-1]["flops"], bootstrap=2000, noise=floors)
-        multipliers[name] = {**_multiplier_record(report.multipliers[0]), "gap_per_decade": gap_trend(own, name)}
+        multipliers[name] = {
+            **_multiplier_record(report.multipliers[0]),
+            "gap_per_decade": gap_trend(own, name),
+            "gap_per_decade_half_width": gap_trend_half_width(own, name, noise),
+        }
     top = max(rungs[name][-1]["flops"] for name in variants)
     rung = next(r for r in summary["rungs"] if r["flops"] == top)
     hires = min((name for name in variants if rungs[name][-1] is rung), key=lambda name: _loss(rung, name))
@@ -428,6 +432,7 @@ def fit(summary: dict[str, Any], noise: dict[str, Noise]) -> dict[str, Any] | No
         "multiplier": multipliers[hires],
         "multipliers": multipliers,
         "gap_per_decade": multipliers[hires]["gap_per_decade"],
+        "gap_per_decade_half_width": multipliers[hires]["gap_per_decade_half_width"],
         "seed_sd": None if ALL_ARMS not in noise else noise[ALL_ARMS].sd,
         "noise": floors,
         "article": article_test(laws.fits["baseline"].law, summary["rungs"][-1]["flops"], floors, hires),
@@ -489,6 +494,28 @@ def gap_trend(rungs: list[dict[str, Any]], name: str) -> float | None:
     ]
     slope = _slope([(math.log(flops), gap) for flops, gap in gaps])
     return None if slope is None else slope * math.log(10)
+
+
+def gap_trend_half_width(rungs: list[dict[str, Any]], name: str, noise: dict[str, Noise]) -> float | None:
+    """Half-width of the 95% interval on `gap_trend` from the seeds' noise alone: the trend is a least-squares slope,
+    a weighted sum of the rungs' gaps, each a difference of two seed means, so it is a weighted sum of seed means,
+    each with its arm's own noise (`weighted_means_half_width`). None with fewer than two rungs, or without a noise
+    figure for an arm. The rates' choice is not in it: a rate chosen by seed 0 is a bias, not noise."""
+    own = [r for r in rungs if name in r["arms"]]
+    if len(own) < 2:
+        return None
+    decades = [math.log10(r["flops"]) for r in own]
+    centre = statistics.fmean(decades)
+    spread = sum((x - centre) ** 2 for x in decades)
+    terms = []
+    for rung, x in zip(own, decades):
+        weight = (x - centre) / spread
+        for arm, sign in ((name, 1.0), (rung["baseline"], -1.0)):
+            arm_noise = noise_of(noise, arm)
+            if arm_noise is None:
+                return None
+            terms.append((arm, sign * weight, arm_noise, rung["arms"][arm].get("seeds", 1)))
+    return weighted_means_half_width(terms)
 
 
 def _slope(points: list[tuple[float, float]]) -> float | None:
@@ -586,6 +613,49 @@ def plot(summary: dict[str, Any], path: Path) -> Path:
     ]
     draw_loss_vs_flops(right, curves, "each arm's best run along training")
     right.legend(fontsize=6, ncol=2)
+    return save_figure(figure, path)
+
+
+def plot_gaps(summary: dict[str, Any], path: Path) -> Path:
+    """The verdict as a picture: each arm's gap to its rung's baseline with the table's 95% interval, each fitted
+    HiRes arm's trend (dashed), and what the article's 1.30x is worth at each compute (dotted; below zero is
+    ahead), so that a reader sees at once whether a gap is told from none and from the claim."""
+    plt = pyplot()
+    figure, axis = plt.subplots(figsize=(8, 5))
+    fit_result = summary.get("fit") or {}
+    arms = sorted({name for rung in summary["rungs"] for name in rung["arms"]})
+    colours = plt.get_cmap("tab10")
+    for i, name in enumerate(arms):
+        colour = ARM_COLOURS.get(name, colours(i % 10))
+        offset = 1.04 ** (i - (len(arms) - 1) / 2)  # side by side at each rung
+        rows = [
+            (r["flops"], r["arms"][name]["loss"] - r["arms"][r["baseline"]]["loss"], r["gap_interval"].get(name, 0.0))
+            for r in summary["rungs"]
+            if r["baseline"] and name in r["arms"] and name != r["baseline"]
+        ]
+        if rows:
+            flops, gaps, widths = zip(*rows, strict=True)
+            axis.errorbar([f * offset for f in flops], gaps, yerr=widths, fmt="o", capsize=3, color=colour, label=name)
+        trend = fit_result.get("multipliers", {}).get(name)
+        if trend:
+            own = [r for r in summary["rungs"] if r["shape"] in fit_result["rungs"][name]]
+            x = [math.log10(r["flops"]) for r in own]
+            y = [r["arms"][name]["loss"] - r["arms"][r["baseline"]]["loss"] for r in own]
+            centre, level = statistics.fmean(x), statistics.fmean(y)
+            ends = [min(x), max(x)]
+            line = [level + trend["gap_per_decade"] * (e - centre) for e in ends]
+            axis.plot([10**e for e in ends], line, "--", color=colour, linewidth=1)
+    law = fit_result.get("laws", {}).get("baseline")
+    if law:
+        grid = [r["flops"] for r in summary["rungs"] if r["baseline"]]
+        worth = [law["A"] * c ** -law["alpha"] - law["A"] * (ARTICLE_MULTIPLIER * c) ** -law["alpha"] for c in grid]
+        axis.plot(grid, [-w for w in worth], ":", color="black", label=f"the article's {ARTICLE_MULTIPLIER:.2f}x")
+    axis.axhline(0.0, color="grey", linewidth=0.8)
+    axis.set_xscale("log")
+    axis.set_xlabel("counted training FLOPs a run")
+    axis.set_ylabel("gap to the rung's baseline (nats; below zero: ahead)")
+    axis.set_title("gaps with 95% intervals from the seeds; dashed: each fitted HiRes arm's trend")
+    axis.legend(fontsize=8)
     return save_figure(figure, path)
 
 
@@ -836,6 +906,9 @@ def markdown(summary: dict[str, Any]) -> str:
     for name, gap in summary["top_pruned"].items():
         lines += [f"Not at the top rung: {name}, {gap:.3f} nats behind the best HiRes at the rung below.", ""]
     lines += ["![ladder](ladder.png)", ""]
+    if any(rung["baseline"] for rung in summary["rungs"]):
+        lines += ["Each arm's gap to its rung's baseline (95% intervals from the seeds), with the trends:", ""]
+        lines += ["![gaps to the baseline](gaps.png)", ""]
     lines += [budget_table(summary["budget"], summary["device"]), ""]
     if len(summary.get("bf16_kernels", {})) > 1:
         counts = "; ".join(f"{len(keys)} on {label}" for label, keys in summary["bf16_kernels"].items())
@@ -846,15 +919,15 @@ def markdown(summary: dict[str, Any]) -> str:
         lines.append(
             f"**Multiplier** of {result['best_hires']} over the baseline at {m['at_flops']:.3g} FLOPs: "
             f"{m['value']:.3f} ({m['confidence']:.0%} CI {m['ci_low']:.3f}-{m['ci_high']:.3f}, bootstrap with at least "
-            "each arm's seed noise of one run a point); gap trend "
-            f"{result['gap_per_decade']:+.3f} nats per decade of compute."
+            f"each arm's seed noise of one run a point); gap trend {trend_text(result['multiplier'])} nats per decade "
+            "of compute (95% interval from the seeds' noise)."
         )
         others = {name: m for name, m in result.get("multipliers", {}).items() if name != result["best_hires"]}
         if others:
             each = "; ".join(
                 f"{name} {m['value']:.3f} ({m['ci_low']:.3f}-{m['ci_high']:.3f})"
                 + ("" if m["at_flops"] == result["multiplier"]["at_flops"] else f" at {m['at_flops']:.3g} FLOPs")
-                + f", {m['gap_per_decade']:+.3f} a decade"
+                + f", {trend_text(m)} a decade"
                 for name, m in others.items()
             )
             lines[-1] += f" The other HiRes arms, each at the top of its fitted rungs: {each}."
@@ -877,6 +950,12 @@ def markdown(summary: dict[str, Any]) -> str:
     if summary.get("noise"):
         lines += ["", noise_line(summary["noise"])]
     return "\n".join(lines) + "\n"
+
+
+def trend_text(multiplier: dict[str, Any]) -> str:
+    """An arm's gap trend with its interval, as the report writes it ("-0.066 ± 0.115")."""
+    width = multiplier.get("gap_per_decade_half_width")
+    return f"{multiplier['gap_per_decade']:+.3f}" + ("" if width is None else f" ± {width:.3f}")
 
 
 def noise_line(noise: dict[str, dict[str, float]]) -> str:
@@ -940,6 +1019,7 @@ def write_report(ladder: Ladder, folder: Path) -> str:
     if any(rung["arms"] for rung in summary["rungs"]):
         plot(summary, folder / "ladder.png")
         plot_rates(summary, folder / "rates.png")
+        plot_gaps(summary, folder / "gaps.png")
     if summary["traced"]:
         plot_traces(ladder, summary, folder / "traces.png")
     text = markdown(summary)

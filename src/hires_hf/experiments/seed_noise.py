@@ -72,9 +72,21 @@ def welch_half_width(a: Noise, seeds_a: int, b: Noise, seeds_b: int, confidence:
     """Half-width of the `confidence` interval on the difference of two seed means, `seeds_a` runs with noise `a`
     against `seeds_b` with noise `b`: Welch's standard error, with the Welch-Satterthwaite degrees of freedom
     built from each noise's own (they come from the arm's pooled cells, not from these seeds alone)."""
-    parts = (a.sd**2 / seeds_a, b.sd**2 / seeds_b)
-    error = math.sqrt(sum(parts))
-    if error == 0:
+    return weighted_means_half_width([("a", 1.0, a, seeds_a), ("b", -1.0, b, seeds_b)], confidence)
+
+
+def weighted_means_half_width(terms: Iterable[tuple[str, float, Noise, int]], confidence: float = 0.95) -> float:
+    """Half-width of the `confidence` interval on a weighted sum of seed means, each term (source, weight, noise,
+    seeds): a gap is two terms, a gap's trend over rungs is two a rung. Terms of one source share one noise estimate,
+    so they are added before the Welch-Satterthwaite degrees of freedom are counted (one estimate is one chi-square,
+    however many means it scales)."""
+    sources: dict[str, tuple[Noise, float]] = {}
+    for source, weight, noise, seeds in terms:
+        _, share = sources.get(source, (noise, 0.0))
+        sources[source] = (noise, share + weight**2 / seeds)
+    parts = [(noise.sd**2 * share, noise.df) for noise, share in sources.values()]
+    variance = sum(part for part, _ in parts)
+    if variance == 0:
         return 0.0
-    df = error**4 / (parts[0] ** 2 / a.df + parts[1] ** 2 / b.df)
-    return t_quantile(0.5 + confidence / 2, df) * error
+    df = variance**2 / sum(part**2 / df for part, df in parts if part)
+    return t_quantile(0.5 + confidence / 2, df) * math.sqrt(variance)

@@ -199,3 +199,21 @@ def test_a_budget_under_the_noise_floor_gets_one_warning_line_with_the_minimum()
     assert floor_warning(8e6, floor) is None and floor_warning(1e6, None) is None
     unreached = floor_warning(1e6, NoiseFloor("96x12", 4e6, 0.02, 0.05, reached=False))
     assert "still 0.050 nats apart at 4M tokens" in unreached
+
+
+def test_the_warning_quotes_the_floor_the_ladder_last_measured():
+    """`compare` warns with the floor of the ladder's committed report, not an older corpus's."""
+    from pathlib import Path
+
+    from hires_hf.experiments.compare import NOISE_FLOOR
+
+    floor = json.loads((Path(__file__).parents[2] / "benchmarks/results/ladder/summary.json").read_text())["floor"]
+    measured = [length for length in floor["lengths"] if length["spread"] is not None]
+    reached = floor["floor_tokens"] is not None
+    assert NOISE_FLOOR.shape == floor["shape"] and NOISE_FLOOR.nats == floor["floor_nats"]
+    assert NOISE_FLOOR.reached == reached
+    if reached:
+        assert NOISE_FLOOR.tokens == floor["floor_tokens"]
+    else:
+        assert NOISE_FLOOR.tokens == measured[-1]["tokens"]
+        assert NOISE_FLOOR.spread == pytest.approx(measured[-1]["spread"], abs=5e-4)

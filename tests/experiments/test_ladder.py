@@ -41,6 +41,7 @@ from hires_hf.experiments.ladder_report import (
     budget_table,
     gap_trend,
     gap_trend_half_width,
+    kernels,
     rate_tables,
     share_to_reach,
     summarize,
@@ -702,6 +703,13 @@ def test_the_budget_says_the_hours_next_on_each_kind_of_kernels(fake_ladder):
     assert hours[NATIVE] > 0 and hours[EMULATED] == pytest.approx(4 * hours[NATIVE])
     header = budget_table(account, "cpu").splitlines()[2]
     assert "hours next, bf16 units" in header and "hours next, emulated bf16" in header
+    # a run begun on one kind and finished on the other is listed under both, and plans no one's speed
+    run = ladder.store.runs()[0]
+    segments = [{"step": 0, "machine": {"bf16_kernels": NATIVE}}, {"step": 9, "machine": {"bf16_kernels": EMULATED}}]
+    mixed = {**run.machine, "bf16_kernels": EMULATED, "segments": segments}
+    ladder.store.put(replace(run, key=f"{run.key}m", seconds=100 * run.seconds, machine=mixed))
+    assert all(f"{run.key}m" in keys for keys in kernels(ladder).values())
+    assert budget(ladder)["planned"]["top"]["hours"] == pytest.approx(hours)
 
 
 def test_a_hires_variant_behind_by_more_than_the_noise_skips_the_top_rung(fake_ladder):

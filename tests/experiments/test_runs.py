@@ -52,3 +52,45 @@ def test_the_ladder_command_gives_sigterm_back_to_the_process_that_called_it(tmp
         assert signal.getsignal(signal.SIGTERM) is own
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_run_resumed_on_another_machine_records_which_machine_trained_which_steps(tmp_path, monkeypatch):
+    """A run that spans sessions may be finished on another processor (other kernels, another speed): its record
+    says which machine trained which steps, and a run one machine trained from start to end says nothing more."""
+    import torch
+
+    from hires_hf.experiments import runs
+    from hires_hf.experiments.runs import Run, RunStore
+    from hires_hf.training.checkpoint import save_checkpoint
+
+    store = RunStore(tmp_path)
+    spec = {"device": "cpu", "recipe": {"precision": "bf16"}}
+    first = {"cpu": "AMD EPYC", "bf16_kernels": "native"}
+    second = {"cpu": "Intel Xeon", "bf16_kernels": "emulated"}
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+    def session(key: str, on: dict, stop_at: int | None) -> None:
+        """One session's share of a run: it (re)starts on machine `on` and checkpoints at `stop_at`, if given."""
+        monkeypatch.setattr(runs, "machine", lambda spec: on)
+        store.started(key, spec)
+        if stop_at is not None:
+            progress = {"step": stop_at, "curve": [], "train_losses": [], "seconds": 1.0}
+            save_checkpoint(store.checkpoint(key), model, optimizer, scheduler, progress)
+
+    def finish(key: str) -> dict:
+        store.put(Run("control", 1e-3, 0, 100, 1.0, 3.0, [(1.0, 3.0)], 1.0, 1.0, False, key=key, spec=spec))
+        return store.get(key).machine
+
+    session("spans", first, stop_at=40)
+    session("spans", first, stop_at=70)  # resumed where it trained before: still one segment
+    session("spans", second, stop_at=None)
+    record = finish("spans")
+    assert record["segments"] == [{"step": 0, "machine": first}, {"step": 70, "machine": second}]
+    assert record["cpu"] == "Intel Xeon"  # the machine that finished it, as before
+    assert not store.checkpoint("spans").exists() and store.segments("spans") == []
+
+    session("one", first, stop_at=40)
+    session("one", first, stop_at=None)
+    assert "segments" not in finish("one")

@@ -727,6 +727,7 @@ def _train(ladder: Ladder, plan: RunPlan, progress: bool) -> Run:
     # limit (one more graph for each control's embedding hook and each shape) and train on in eager mode
     torch._dynamo.reset()
     saved = read_progress(ladder.store.checkpoint(plan.key)) or {"curve": [], "seconds": 0.0}
+    ladder.store.started(plan.key, plan.spec)
     watch = StallWatch(plan, ladder.data, baseline_curve(ladder, plan), saved["curve"])
     start = time.perf_counter()
     bar = tqdm(

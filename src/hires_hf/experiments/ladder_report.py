@@ -192,8 +192,8 @@ def budget(ladder: Ladder) -> dict[str, Any]:
         cell["runs"] += 1
         cell["flops"] += flops
         cell["hours"] += run.seconds / 3600
-        if run.spec["recipe"]["precision"] == ladder.precision:
-            by_width = speeds.setdefault(kernels_of(run), {})
+        if run.spec["recipe"]["precision"] == ladder.precision and "segments" not in (run.machine or {}):
+            by_width = speeds.setdefault(kernels_of(run), {})  # a run two machines trained has no one speed
             by_width.setdefault(run.spec["config"]["hidden_size"], []).append(flops / run.seconds)
     medians = {
         kind: {width: statistics.median(values) for width, values in by_width.items()}
@@ -229,8 +229,12 @@ def kernels(ladder: Ladder) -> dict[str, list[str]]:
     """The keys of the ladder's bf16 runs by the kernels that computed them (`hires_hf.training.bf16_emulation`)."""
     by_kernels: dict[str, list[str]] = {}
     for run in ladder.store.runs():
-        if run.spec["recipe"]["precision"] == "bf16":
-            by_kernels.setdefault(kernels_of(run, UNRECORDED), []).append(run.key)
+        if run.spec["recipe"]["precision"] != "bf16":
+            continue
+        segments = (run.machine or {}).get("segments")  # trained on more than one machine: under each one's kernels
+        labels = [s["machine"].get("bf16_kernels", UNRECORDED) for s in segments] if segments else []
+        for label in dict.fromkeys(labels or [kernels_of(run, UNRECORDED)]):
+            by_kernels.setdefault(label, []).append(run.key)
     return by_kernels
 
 

@@ -17,7 +17,9 @@ store valid).
 `RunStore(folder)` keeps one JSON file per finished run (`<arm>-lr<lr>-s<seed>-<key>.json`, written whole) and,
 while a run trains, its checkpoint under `checkpoints/`: a stopped sweep or ladder picks up where it was. When a run
 is stored, the per-step training losses its last checkpoint carried are kept under `traces/` (`RunStore.trace`): eight
-evaluations cannot tell a loss spike from a plateau, a step-by-step trace can.
+evaluations cannot tell a loss spike from a plateau, a step-by-step trace can. Beside a checkpoint,
+`checkpoints/<key>.machines.json` notes each machine that (re)started the run and from which step; a run finished by
+another machine than the one that began it carries that list in its record (`machine["segments"]`).
 """
 
 from __future__ import annotations
@@ -203,16 +205,40 @@ class RunStore:
         return Run.from_json(json.loads(path.read_text(encoding="utf-8"))) if path else None
 
     def put(self, run: Run) -> Path:
-        """Store a finished run (stamped with the machine it trained on), keep its checkpoint's training losses and
-        drop the checkpoint."""
+        """Store a finished run (stamped with the machine it trained on and, where more than one trained it, which
+        trained which steps: `machine["segments"]`), keep its checkpoint's training losses and drop the checkpoint."""
         if run.machine is None:
             run = replace(run, machine=machine(run.spec))
+        segments = self.segments(run.key)
+        if len({json.dumps(segment["machine"], sort_keys=True) for segment in segments}) > 1:
+            run = replace(run, machine={**run.machine, "segments": segments})
         path = self.folder / f"{run.arm}-lr{run.lr:.4g}-s{run.seed}-{run.key}.json"
         write_json_atomic(path, run.to_json())
         self._keep_trace(run.key)
         self.checkpoint(run.key).unlink(missing_ok=True)
+        self._machines(run.key).unlink(missing_ok=True)
         self._index = None
         return path
+
+    def started(self, key: str, spec: dict[str, Any]) -> None:
+        """Note that the run of `key` (re)starts on this machine at its checkpoint's step, beside the checkpoint: a
+        run that spans sessions may be finished by another processor (other kernels, another speed), and its record
+        should say which machine trained which steps. A checkpoint begun before this was kept counts as this
+        machine's from its first step."""
+        progress = read_progress(self.checkpoint(key))
+        segments = self.segments(key) if progress else []  # no checkpoint: whoever began it kept no step
+        here = machine(spec)
+        if not segments or segments[-1]["machine"] != here:
+            segments.append({"step": progress["step"] if segments else 0, "machine": here})
+            write_json_atomic(self._machines(key), segments)
+
+    def segments(self, key: str) -> list[dict[str, Any]]:
+        """The machines that have trained the unfinished run of `key` so far, each from the step it took over at."""
+        path = self._machines(key)
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+
+    def _machines(self, key: str) -> Path:
+        return self.folder / "checkpoints" / f"{key}.machines.json"
 
     def runs(self) -> list[Run]:
         """Every stored run, in file-name order."""

@@ -535,6 +535,32 @@ def test_each_gap_carries_an_interval_that_narrows_with_seeds_and_widens_with_th
     assert widths["quiet"] < widths["noisy"]
 
 
+def test_noise_the_batch_order_brings_to_every_arm_cancels_when_gaps_are_read_in_pairs(
+    fake_ladder, smoke_settings, tmp_path
+):
+    """Every arm trains on the same batches for a seed. Where a seed moves every arm alike, each arm's run read
+    against the baseline's same seed has no noise left, while the unpaired interval stays as wide as the seeds
+    scatter; where an arm's scatter is its own, pairing cannot remove it."""
+    ladder, _ = fake_ladder
+    ladder.seed_effect["nats"] = 0.03  # the same shift a seed for every arm
+    shared = open_ladder(smoke_settings, tmp_path / "shared", progress=False)
+    run_stages(shared, ["floor", "grid", "top"], progress=False, log=lambda line: None)
+    summary = summarize(shared)
+    rung = summary["rungs"][0]
+    hires = rung["best_hires"]
+    paired = rung["paired"][hires]
+    assert paired["pairs"] >= 2 and paired["half_width"] == pytest.approx(0.0, abs=1e-9)
+    assert rung["gap_interval"][hires] > 0.02
+    assert summary["fit"]["multipliers"][hires]["paired_trend"]["half_width"] == pytest.approx(0.0, abs=1e-9)
+    text = write_report(shared, tmp_path / "shared-report")
+    assert "**Paired by seed.**" in text and f"| {rung['shape']} | {hires} | {paired['pairs']} |" in text
+
+    ladder.seed_effect[hires] = 0.08  # HiRes's own scatter on top: the pairs keep it
+    own = open_ladder(smoke_settings, tmp_path / "own", progress=False)
+    run_stages(own, ["floor", "grid", "top"], progress=False, log=lambda line: None)
+    assert summarize(own)["rungs"][0]["paired"][hires]["half_width"] > 0.02
+
+
 def test_an_arm_is_fitted_only_through_rungs_where_its_rate_is_bracketed(fake_ladder):
     """A rung half done (an arm at one rate that stalled, say) would read a rate's failure as the architecture's
     scaling: that arm's point waits until its rate is bracketed, and the other arms keep their fit meanwhile."""

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from hires_hf.experiments.seed_noise import Noise, pooled, t_quantile, welch_half_width
+from hires_hf.experiments.seed_noise import Noise, paired_differences, pooled, t_quantile, welch_half_width
 
 
 @pytest.mark.parametrize(("probability", "df", "table"), [(0.975, 1, 12.7062), (0.975, 4, 2.7764), (0.9, 10, 1.3722)])
@@ -34,3 +34,11 @@ def test_welchs_interval_is_the_textbook_one_where_the_two_sides_scatter_alike()
     assert welch_half_width(noise, 4, noise, 4) == pytest.approx(1.96 * 0.05 * math.sqrt(0.5), rel=1e-3)
     few = Noise(sd=0.05, df=2)  # the same noise known from two degrees of freedom a side: t on 4 of them
     assert welch_half_width(few, 4, few, 4) == pytest.approx(2.7764 * 0.05 * math.sqrt(0.5), rel=1e-3)
+
+
+def test_runs_are_paired_by_their_seed_not_by_their_place_in_a_cell():
+    """A cell missing a seed (one trained by hand, say) pairs each run with the baseline's run of the same seed."""
+    hires = {0: 2.60, 2: 2.70}
+    baseline = {0: 2.58, 1: 2.59, 2: 2.61}
+    assert paired_differences(hires, baseline) == pytest.approx([0.02, 0.09])
+    assert paired_differences({3: 2.6}, baseline) == []

@@ -37,7 +37,14 @@ from .ladder import (
     precision_rate,
     top_contenders,
 )
-from .seed_noise import Noise, pooled, weighted_means_half_width, welch_half_width, without_stalls
+from .seed_noise import (
+    Noise,
+    paired_differences,
+    pooled,
+    weighted_means_half_width,
+    welch_half_width,
+    without_stalls,
+)
 from .stalls import baseline_at
 
 COMMANDS = {  # how each device's ladder is run, and what one worker of its budget is
@@ -87,6 +94,7 @@ def rung_cells(ladder: Ladder, index: int) -> dict[str, dict[str, Any]]:
             "loss": statistics.fmean(losses),
             "seeds": len(losses),
             "seed_losses": losses,
+            "seed_ids": [r.seed for r in seeds],
             "keys": [r.key for r in seeds],
             "seed_spread": max(losses) - min(losses) if len(losses) > 1 else None,
             "tokens": best.tokens,
@@ -331,8 +339,11 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
         )
     noise = seed_noise(summary)
     summary["noise"] = {name: {"sd": n.sd, "df": n.df} for name, n in noise.items()}
+    paired = paired_noise(summary)
+    summary["paired_noise"] = {name: {"sd": n.sd, "df": n.df} for name, n in paired.items()}
     for rung in summary["rungs"]:
         rung["gap_interval"] = gap_intervals(rung, noise)
+        rung["paired"] = paired_gaps(rung, paired)
     summary["in_flight"] = in_flight(ladder, summary["rungs"])
     summary["stalled"] = [
         {"arm": run.arm, "lr": run.lr, "seed": run.seed, "loss": run.final_loss, "key": run.key, **run.stalled}
@@ -343,7 +354,7 @@ def summarize(ladder: Ladder) -> dict[str, Any]:
     summary["traced"] = [key for key in keys if ladder.store.trace(key) is not None]
     contenders = top_contenders(ladder)
     summary["top_pruned"] = contenders[1] if contenders else {}
-    summary["fit"] = fit(summary, noise)
+    summary["fit"] = fit(summary, noise, paired)
     return summary
 
 
@@ -400,12 +411,14 @@ def _loss(rung: dict[str, Any], name: str) -> float:
     return rung["arms"][rung["baseline"] if name == "baseline" else name]["loss"]
 
 
-def fit(summary: dict[str, Any], noise: dict[str, Noise]) -> dict[str, Any] | None:
+def fit(
+    summary: dict[str, Any], noise: dict[str, Noise], paired: dict[str, Noise] | None = None
+) -> dict[str, Any] | None:
     """Power laws per arm over its fitted rungs (`fitted_rungs`) and each HiRes arm's FLOPs multiplier over the
     baseline at the top of its own rungs (no arm's law is extrapolated); the headline is the best HiRes arm at the
     highest rung any reaches. `noise` is each arm's seed noise of one run (`seed_noise`), the bootstrap's least
     noise for that arm's points (the baseline's: the two vanillas' pooled, since it is one or the other from rung to
-    rung)."""
+    rung); `paired`, each arm's noise paired with the baseline by seed (`paired_noise`), for its paired trend."""
     rungs = fitted_rungs(summary)
     variants = [name for name in rungs if name != "baseline" and ladder_arms([name])[0].kind == HIRES]
     if "baseline" not in rungs or not variants:
@@ -423,6 +436,7 @@ def fit(summary: dict[str, Any], noise: dict[str, Noise]) -> dict[str, Any] | No
             **_multiplier_record(report.multipliers[0]),
             "gap_per_decade": gap_trend(own, name),
             "gap_per_decade_half_width": gap_trend_half_width(own, name, noise),
+            "paired_trend": paired_trend(own, name, paired or {}),
         }
     top = max(rungs[name][-1]["flops"] for name in variants)
     rung = next(r for r in summary["rungs"] if r["flops"] == top)
@@ -439,7 +453,7 @@ def fit(summary: dict[str, Any], noise: dict[str, Noise]) -> dict[str, Any] | No
         "gap_per_decade_half_width": multipliers[hires]["gap_per_decade_half_width"],
         "seed_sd": None if ALL_ARMS not in noise else noise[ALL_ARMS].sd,
         "noise": floors,
-        "article": article_test(laws.fits["baseline"].law, summary["rungs"][-1]["flops"], floors, hires),
+        "article": article_test(laws.fits["baseline"].law, summary["rungs"][-1]["flops"], floors, hires, paired),
     }
 
 
@@ -454,15 +468,19 @@ def _multiplier_record(multiplier: Multiplier) -> dict[str, float]:
     }
 
 
-def article_test(baseline: PowerLaw, flops: float, noise: dict[str, float], hires: str) -> dict[str, Any] | None:
+def article_test(
+    baseline: PowerLaw, flops: float, noise: dict[str, float], hires: str, paired: dict[str, Noise] | None = None
+) -> dict[str, Any] | None:
     """What the article's 1.30x is worth in nats at the top rung (the baseline's law at `flops` against its law at
     1.30x those FLOPs), and the seeds a side whose means tell that gap from none, given the seed noise of the
-    baseline and of the best HiRes arm `hires`."""
+    baseline and of the best HiRes arm `hires`; with `paired`, also the pairs of seeds that tell it when each
+    HiRes seed is read against the baseline's same seed."""
     if "baseline" not in noise or hires not in noise:
         return None
     gap = float(baseline.loss(flops) - baseline.loss(ARTICLE_MULTIPLIER * flops))
     seeds = seeds_to_tell(gap, noise[hires], noise["baseline"])
-    return {"multiplier": ARTICLE_MULTIPLIER, "at_flops": flops, "gap": gap, "seeds": seeds}
+    pairs = seeds_to_tell(gap, paired[hires].sd, 0.0) if paired and hires in paired else None
+    return {"multiplier": ARTICLE_MULTIPLIER, "at_flops": flops, "gap": gap, "seeds": seeds, "pairs": pairs}
 
 
 def seeds_to_tell(gap: float, sd: float, other_sd: float) -> int:
@@ -493,11 +511,11 @@ def seed_noise(summary: dict[str, Any]) -> dict[str, Noise]:
 def gap_trend(rungs: list[dict[str, Any]], name: str) -> float | None:
     """How `name`'s gap to each rung's baseline moves per decade of compute (nats; negative: closing), through the
     rungs that have it: one arm's own gaps, since the best HiRes arm can differ from rung to rung."""
-    gaps = [
-        (r["flops"], r["arms"][name]["loss"] - r["arms"][r["baseline"]]["loss"]) for r in rungs if name in r["arms"]
-    ]
-    slope = _slope([(math.log(flops), gap) for flops, gap in gaps])
-    return None if slope is None else slope * math.log(10)
+    own = [r for r in rungs if name in r["arms"]]
+    weights = trend_weights([r["flops"] for r in own])
+    if weights is None:
+        return None
+    return sum(w * (r["arms"][name]["loss"] - r["arms"][r["baseline"]]["loss"]) for w, r in zip(weights, own))
 
 
 def gap_trend_half_width(rungs: list[dict[str, Any]], name: str, noise: dict[str, Noise]) -> float | None:
@@ -506,14 +524,11 @@ def gap_trend_half_width(rungs: list[dict[str, Any]], name: str, noise: dict[str
     each with its arm's own noise (`weighted_means_half_width`). None with fewer than two rungs, or without a noise
     figure for an arm. The rates' choice is not in it: a rate chosen by seed 0 is a bias, not noise."""
     own = [r for r in rungs if name in r["arms"]]
-    if len(own) < 2:
+    weights = trend_weights([r["flops"] for r in own])
+    if weights is None:
         return None
-    decades = [math.log10(r["flops"]) for r in own]
-    centre = statistics.fmean(decades)
-    spread = sum((x - centre) ** 2 for x in decades)
     terms = []
-    for rung, x in zip(own, decades):
-        weight = (x - centre) / spread
+    for rung, weight in zip(own, weights):
         for arm, sign in ((name, 1.0), (rung["baseline"], -1.0)):
             arm_noise = noise_of(noise, arm)
             if arm_noise is None:
@@ -522,14 +537,65 @@ def gap_trend_half_width(rungs: list[dict[str, Any]], name: str, noise: dict[str
     return weighted_means_half_width(terms)
 
 
-def _slope(points: list[tuple[float, float]]) -> float | None:
-    """Least-squares slope of gap against log compute (nats per e-fold)."""
-    if len(points) < 2:
+def trend_weights(flops: list[float]) -> list[float] | None:
+    """The least-squares slope per decade of compute as a weighted sum of one value a rung: its weights (None with
+    fewer than two distinct rungs). A trend's value and its interval both come from them."""
+    decades = [math.log10(f) for f in flops]
+    if len(decades) < 2:
         return None
-    mean_x = statistics.fmean(x for x, _ in points)
-    mean_y = statistics.fmean(y for _, y in points)
-    sxx = sum((x - mean_x) ** 2 for x, _ in points)
-    return sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx if sxx else None
+    centre = statistics.fmean(decades)
+    spread = sum((x - centre) ** 2 for x in decades)
+    return [(x - centre) / spread for x in decades] if spread else None
+
+
+def seeds_by_id(cell: dict[str, Any]) -> dict[int, float]:
+    """A cell's final losses by seed (cells stored before seeds were recorded hold seeds 0, 1, ... in order)."""
+    ids = cell.get("seed_ids", range(len(cell["seed_losses"])))
+    return dict(zip(ids, cell["seed_losses"]))
+
+
+def paired_noise(summary: dict[str, Any]) -> dict[str, Noise]:
+    """Per arm, the seed noise of its paired difference to each rung's baseline (the same seed: the same batches in
+    the same order), pooled over the rungs. Where the batch order moves both arms alike it cancels in the pair, and
+    this is smaller than the two arms' own noises together; where an arm's scatter is its own, it is not."""
+    groups: dict[str, list[list[float]]] = {}
+    for rung in summary["rungs"]:
+        base = rung["baseline"]
+        for name, cell in rung["arms"].items() if base else ():
+            if name != base:
+                pairs = paired_differences(seeds_by_id(cell), seeds_by_id(rung["arms"][base]))
+                groups.setdefault(name, []).append(pairs)
+    return {name: noise for name, cells in groups.items() if (noise := pooled(cells)) is not None}
+
+
+def paired_gaps(rung: dict[str, Any], noise: dict[str, Noise]) -> dict[str, dict[str, float]]:
+    """Per arm but the baseline, its mean paired difference to the baseline over the seeds both have (a stalled pair
+    left out), their number, and the half-width of its 95% interval from the arm's paired noise."""
+    base = rung["baseline"]
+    gaps = {}
+    for name, cell in rung["arms"].items() if base else ():
+        differences = paired_differences(seeds_by_id(cell), seeds_by_id(rung["arms"][base]))
+        kept = without_stalls(differences) if differences else []
+        if name == base or not kept or name not in noise:
+            continue
+        width = weighted_means_half_width([(name, 1.0, noise[name], len(kept))])
+        gaps[name] = {"gap": statistics.fmean(kept), "pairs": len(kept), "half_width": width}
+    return gaps
+
+
+def paired_trend(rungs: list[dict[str, Any]], name: str, noise: dict[str, Noise]) -> dict[str, float] | None:
+    """`name`'s trend read from its paired gaps, with its 95% interval from the paired noise; None where fewer than
+    two rungs have a paired gap."""
+    own = [r for r in rungs if name in r.get("paired", {})]
+    weights = trend_weights([r["flops"] for r in own])
+    if weights is None or name not in noise:
+        return None
+    gaps = [r["paired"][name] for r in own]
+    terms = [(name, w, noise[name], gap["pairs"]) for w, gap in zip(weights, gaps)]
+    return {
+        "per_decade": sum(w * gap["gap"] for w, gap in zip(weights, gaps)),
+        "half_width": weighted_means_half_width(terms),
+    }
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -567,6 +633,41 @@ def table(summary: dict[str, Any]) -> str:
         " an upper bound on the arm's worth in the baseline's compute (that run's rate had not annealed yet)."
     )
     return "\n".join([*markdown_table(headers, rows, "lrlrrlrrrrrr"), "", note])
+
+
+def paired_table(summary: dict[str, Any]) -> list[str]:
+    """Each arm's gap read seed by seed against the baseline's same seed, beside the table's unpaired gap, and each
+    fitted HiRes arm's trend read the same way, as markdown lines; none before any rung has a pair."""
+    rows = [
+        (
+            rung["shape"],
+            name,
+            str(gap["pairs"]),
+            f"{gap['gap']:+.4f} ± {gap['half_width']:.3f}",
+            f"{rung['arms'][name]['loss'] - rung['arms'][rung['baseline']]['loss']:+.4f} ± "
+            f"{rung['gap_interval'][name]:.3f}",
+        )
+        for rung in summary["rungs"]
+        for name, gap in rung.get("paired", {}).items()
+    ]
+    if not rows:
+        return []
+    noise = "; ".join(f"{name} {n['sd']:.4f} ({n['df']} df)" for name, n in summary["paired_noise"].items())
+    trends = {
+        name: m["paired_trend"]
+        for name, m in ((summary.get("fit") or {}).get("multipliers") or {}).items()
+        if m.get("paired_trend")
+    }
+    trend = "; ".join(f"{name} {t['per_decade']:+.3f} ± {t['half_width']:.3f}" for name, t in trends.items())
+    return [
+        "**Paired by seed.** A seed fixes the batches and their order for every arm, so each arm's run can be read"
+        " against the baseline's run of the same seed: the part of the noise the batch order brings to both cancels."
+        f" Noise of one pair: {noise}.",
+        "",
+        *markdown_table(["rung", "arm", "pairs", "paired gap ±95%", "unpaired gap ±95%"], [*rows], "llrrr"),
+        "",
+        *([f"Trends read from the paired gaps, nats a decade: {trend}.", ""] if trend else []),
+    ]
 
 
 def held_out_note(summary: dict[str, Any]) -> str | None:
@@ -887,6 +988,7 @@ def markdown(summary: dict[str, Any]) -> str:
             "",
         ]
     lines += [table(summary), ""]
+    lines += paired_table(summary)
     held_out = held_out_note(summary)
     if held_out:
         lines += [held_out, ""]
@@ -947,7 +1049,13 @@ def markdown(summary: dict[str, Any]) -> str:
                 f"**Seeds the verdict needs:** the article's {a['multiplier']:.2f}x is worth {a['gap']:.3f} nats at "
                 f"{a['at_flops']:.3g} FLOPs (the baseline's fit). With {result['noise'][result['best_hires']]:.4f} "
                 f"nats of seed noise a run for {result['best_hires']} and {result['noise']['baseline']:.4f} for the "
-                f"baseline, {a['seeds']} seeds a side tell that gap from none (95% two-sided, 80% power).",
+                f"baseline, {a['seeds']} seeds a side tell that gap from none (95% two-sided, 80% power)."
+                + (
+                    ""
+                    if a.get("pairs") is None
+                    else f" Read in pairs of the same seed ({summary['paired_noise'][result['best_hires']]['sd']:.4f} "
+                    f"nats of noise a pair): {a['pairs']} pairs."
+                ),
             ]
     else:
         lines.append("The fit needs two rungs where the baseline and a HiRes arm have their rates bracketed.")

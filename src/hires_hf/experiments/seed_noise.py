@@ -36,6 +36,12 @@ def without_stalls(losses: list[float]) -> list[float]:
     return [loss for loss in losses if loss - median <= STALL_NATS]
 
 
+def paired_differences(a: dict[int, float], b: dict[int, float]) -> list[float]:
+    """`a` minus `b` for every seed both have, seed by seed. A ladder seed fixes the batches and their order for
+    every arm, so the part of each run's noise that the batch order brings to both cancels in the difference."""
+    return [a[seed] - b[seed] for seed in sorted(a.keys() & b.keys())]
+
+
 def pooled(groups: Iterable[list[float]]) -> Noise | None:
     """The pooled standard deviation of several groups of seed losses (each about its own mean, stalls left out),
     weighted by their degrees of freedom; None when no group has two losses."""

@@ -741,6 +741,18 @@ def plot_gaps(summary: dict[str, Any], path: Path) -> Path:
         if rows:
             flops, gaps, widths = zip(*rows, strict=True)
             axis.errorbar([f * offset for f in flops], gaps, yerr=widths, fmt="o", capsize=3, color=colour, label=name)
+        pairs = [(r["flops"], r["paired"][name]) for r in summary["rungs"] if name in r.get("paired", {})]
+        if pairs:  # the same gaps read seed by seed against the baseline: open markers, just right of the filled
+            axis.errorbar(
+                [f * offset * 1.015 for f, _ in pairs],
+                [p["gap"] for _, p in pairs],
+                yerr=[p["half_width"] for _, p in pairs],
+                fmt="o",
+                markerfacecolor="white",
+                capsize=2,
+                color=colour,
+                alpha=0.7,
+            )
         trend = fit_result.get("multipliers", {}).get(name)
         if trend:
             own = [r for r in summary["rungs"] if r["shape"] in fit_result["rungs"][name]]
@@ -759,7 +771,7 @@ def plot_gaps(summary: dict[str, Any], path: Path) -> Path:
     axis.set_xscale("log")
     axis.set_xlabel("counted training FLOPs a run")
     axis.set_ylabel("gap to the rung's baseline (nats; below zero: ahead)")
-    axis.set_title("gaps with 95% intervals from the seeds; dashed: each fitted HiRes arm's trend")
+    axis.set_title("gaps with 95% intervals (open: paired by seed); dashed: each HiRes arm's trend")
     axis.legend(fontsize=8)
     return save_figure(figure, path)
 

@@ -574,9 +574,11 @@ def paired_gaps(rung: dict[str, Any], noise: dict[str, Noise]) -> dict[str, dict
     base = rung["baseline"]
     gaps = {}
     for name, cell in rung["arms"].items() if base else ():
+        if name == base or name not in noise:
+            continue
         differences = paired_differences(seeds_by_id(cell), seeds_by_id(rung["arms"][base]))
         kept = without_stalls(differences) if differences else []
-        if name == base or not kept or name not in noise:
+        if not kept:
             continue
         width = weighted_means_half_width([(name, 1.0, noise[name], len(kept))])
         gaps[name] = {"gap": statistics.fmean(kept), "pairs": len(kept), "half_width": width}
@@ -722,9 +724,10 @@ def plot(summary: dict[str, Any], path: Path) -> Path:
 
 
 def plot_gaps(summary: dict[str, Any], path: Path) -> Path:
-    """The verdict as a picture: each arm's gap to its rung's baseline with the table's 95% interval, each fitted
-    HiRes arm's trend (dashed), and what the article's 1.30x is worth at each compute (dotted; below zero is
-    ahead), so that a reader sees at once whether a gap is told from none and from the claim."""
+    """The verdict as a picture: each arm's gap to its rung's baseline with the table's 95% interval (open markers:
+    read in pairs of the same seed), each fitted HiRes arm's trend (dashed), and what the article's 1.30x is worth
+    at each compute (dotted; below zero is ahead), so that a reader sees at once whether a gap is told from none
+    and from the claim."""
     plt = pyplot()
     figure, axis = plt.subplots(figsize=(8, 5))
     fit_result = summary.get("fit") or {}
@@ -733,26 +736,7 @@ def plot_gaps(summary: dict[str, Any], path: Path) -> Path:
     for i, name in enumerate(arms):
         colour = ARM_COLOURS.get(name, colours(i % 10))
         offset = 1.04 ** (i - (len(arms) - 1) / 2)  # side by side at each rung
-        rows = [
-            (r["flops"], r["arms"][name]["loss"] - r["arms"][r["baseline"]]["loss"], r["gap_interval"].get(name, 0.0))
-            for r in summary["rungs"]
-            if r["baseline"] and name in r["arms"] and name != r["baseline"]
-        ]
-        if rows:
-            flops, gaps, widths = zip(*rows, strict=True)
-            axis.errorbar([f * offset for f in flops], gaps, yerr=widths, fmt="o", capsize=3, color=colour, label=name)
-        pairs = [(r["flops"], r["paired"][name]) for r in summary["rungs"] if name in r.get("paired", {})]
-        if pairs:  # the same gaps read seed by seed against the baseline: open markers, just right of the filled
-            axis.errorbar(
-                [f * offset * 1.015 for f, _ in pairs],
-                [p["gap"] for _, p in pairs],
-                yerr=[p["half_width"] for _, p in pairs],
-                fmt="o",
-                markerfacecolor="white",
-                capsize=2,
-                color=colour,
-                alpha=0.7,
-            )
+        _draw_gaps(axis, summary, name, colour, offset)
         trend = fit_result.get("multipliers", {}).get(name)
         if trend:
             own = [r for r in summary["rungs"] if r["shape"] in fit_result["rungs"][name]]
@@ -774,6 +758,32 @@ def plot_gaps(summary: dict[str, Any], path: Path) -> Path:
     axis.set_title("gaps with 95% intervals (open: paired by seed); dashed: each HiRes arm's trend")
     axis.legend(fontsize=8)
     return save_figure(figure, path)
+
+
+def _draw_gaps(axis: Any, summary: dict[str, Any], name: str, colour: Any, offset: float) -> None:
+    """One arm's gaps at every rung where it is not the baseline: filled, the seed means'; open, just right of them,
+    the same gaps read in pairs of the same seed."""
+    rows = [
+        (r["flops"], r["arms"][name]["loss"] - r["arms"][r["baseline"]]["loss"], r["gap_interval"].get(name, 0.0))
+        for r in summary["rungs"]
+        if r["baseline"] and name in r["arms"] and name != r["baseline"]
+    ]
+    if rows:
+        flops, gaps, widths = zip(*rows, strict=True)
+        axis.errorbar([f * offset for f in flops], gaps, yerr=widths, fmt="o", capsize=3, color=colour, label=name)
+    pairs = [(r["flops"], r["paired"][name]) for r in summary["rungs"] if name in r.get("paired", {})]
+    if pairs:
+        flops, paired = zip(*pairs, strict=True)
+        axis.errorbar(
+            [f * offset * 1.015 for f in flops],
+            [p["gap"] for p in paired],
+            yerr=[p["half_width"] for p in paired],
+            fmt="o",
+            markerfacecolor="white",
+            capsize=2,
+            color=colour,
+            alpha=0.7,
+        )
 
 
 # How far above a rung's lowest loss the rate figure reaches; a diverged run above it sits on the edge, marked ^.

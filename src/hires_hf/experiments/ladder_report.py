@@ -666,7 +666,7 @@ def paired_table(summary: dict[str, Any]) -> list[str]:
         " against the baseline's run of the same seed: the part of the noise the batch order brings to both cancels."
         f" Noise of one pair: {noise}.",
         "",
-        *markdown_table(["rung", "arm", "pairs", "paired gap ±95%", "unpaired gap ±95%"], [*rows], "llrrr"),
+        *markdown_table(["rung", "arm", "pairs", "paired gap ±95%", "unpaired gap ±95%"], rows, "llrrr"),
         "",
         *([f"Trends read from the paired gaps, nats a decade: {trend}.", ""] if trend else []),
     ]

@@ -38,7 +38,7 @@ from hires_hf.commands.ladder import cache_dir
 from hires_hf.errors import HiResUserError
 from hires_hf.experiments.harness import HIRES, RunPlan, Shape
 from hires_hf.experiments.ladder import Ladder, LadderSettings, cell_plan, ladder_arms, open_ladder
-from hires_hf.experiments.ladder_report import running_mean
+from hires_hf.experiments.ladder_plots import running_mean
 from hires_hf.experiments.runs import git_commit, machine
 from hires_hf.io import write_json_atomic, write_text_atomic
 from hires_hf.plotting import ARM_COLOURS, pyplot

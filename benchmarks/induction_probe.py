@@ -7,7 +7,9 @@ followed an earlier occurrence of the current token). This script retrains a lad
 ladder's own, and every `--every` steps measures its in-context copying: the loss on a second copy of a random
 token sequence against the loss on the first copy (shuffled validation tokens, so nothing but copying helps).
 If the hypothesis holds, the copying gain jumps as each run leaves the plateau, later for the seeds that sit on
-it longer. The training loss is read from the ladder's stored trace of the same run.
+it longer. The training loss is read from the ladder's stored trace of the same run. The report also reads, for
+every ladder run at each arm's best rate, when it left the plateau from that trace alone (no retraining), and
+whether within a cell the seeds that leave later end worse (`plateau_exits.png`).
 
     python benchmarks/induction_probe.py --arm hires --rung 64x12 --lr 8e-3 --seeds 1 2 --until 1600 --threads 1
     python benchmarks/induction_probe.py --report      # table and plot from every stored case
@@ -22,9 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,7 @@ from hires_hf.errors import HiResUserError
 from hires_hf.experiments.harness import HIRES, RunPlan, Shape
 from hires_hf.experiments.ladder import Ladder, LadderSettings, cell_plan, ladder_arms, open_ladder
 from hires_hf.experiments.ladder_plots import running_mean
+from hires_hf.experiments.ladder_report import rung_cells
 from hires_hf.experiments.runs import git_commit, machine
 from hires_hf.io import write_json_atomic, write_text_atomic
 from hires_hf.plotting import ARM_COLOURS, pyplot
@@ -54,6 +59,9 @@ PROBE_SEQUENCES = 32
 ZOOM_FROM = 300  # the loss plot's top is the highest loss from this step on
 LINE_STYLES = ("-", "--", ":", "-.")  # one per seed of an arm, in the order they are listed
 PROBE_SEED = 1234  # the probe's own generator: the training run's random state is never touched
+EXIT_NATS = 3.0  # the plateau before copying sits at 3.2-3.4 nats on the ladder's corpus: under 3.0 a run has left it
+EXIT_WINDOW = 50  # steps the training loss is averaged over before it is compared with EXIT_NATS
+EXIT_ARMS = ("control", "plain-twin", "hires", "D=4d", "k=6")  # the arms the exits are read for, where trained
 
 
 class Enough(Exception):
@@ -214,6 +222,113 @@ def loss_at(trace: list[tuple[int, float]] | None, step: int, window: int = 50) 
         return None
     values = [loss for s, loss in trace if step - window < s <= step]
     return sum(values) / len(values) if values else None
+
+
+def plateau_exit(trace: list[tuple[int, float]] | None, nats: float = EXIT_NATS) -> int | None:
+    """The first step whose mean training loss over the EXIT_WINDOW steps up to it is at or under `nats`: when a run
+    leaves the plateau, read from its trace alone, so that every ladder run gets a time without being retrained."""
+    if not trace:
+        return None
+    smooth = running_mean([loss for _, loss in trace], EXIT_WINDOW)
+    return next((step for (step, _), loss in zip(trace, smooth, strict=True) if loss <= nats), None)
+
+
+def ladder_exits(ladder: Ladder) -> list[dict[str, Any]]:
+    """Every seed at each arm's best rate at each rung of the ladder (each of EXIT_ARMS it has runs of): its plateau
+    exit (None where it kept no trace or never left) and its final validation loss."""
+    trained = {run.arm for run in ladder.store.runs()}
+    arms = tuple(arm for arm in EXIT_ARMS if arm in trained)
+    every_arm = replace(ladder, settings=replace(ladder.settings, arms=arms), _plans={})
+    rows = []
+    for index, rung in enumerate(every_arm.rungs):
+        for arm, cell in rung_cells(every_arm, index).items():
+            for seed, key, final in zip(cell["seed_ids"], cell["keys"], cell["seed_losses"], strict=True):
+                trace = ladder.store.trace(key)
+                rows.append(
+                    {
+                        "rung": rung.name,
+                        "arm": arm,
+                        "lr": cell["best_lr"],
+                        "seed": seed,
+                        "key": key,
+                        "traced": trace is not None,
+                        "exit": plateau_exit(trace),
+                        "final": final,
+                    }
+                )
+    return rows
+
+
+def later_exit_worse(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """Over the pairs of seeds of one cell (same rung, arm and rate) that both left the plateau at different steps:
+    how many pairs the later-leaving seed ended worse in, and how many pairs there are."""
+    worse = pairs = 0
+    for i, a in enumerate(rows):
+        for b in rows[i + 1 :]:
+            same_cell = (a["rung"], a["arm"], a["lr"]) == (b["rung"], b["arm"], b["lr"])
+            if same_cell and a["exit"] is not None and b["exit"] is not None and a["exit"] != b["exit"]:
+                later, earlier = (a, b) if a["exit"] > b["exit"] else (b, a)
+                pairs += 1
+                worse += later["final"] > earlier["final"]
+    return worse, pairs
+
+
+def exit_table(rows: list[dict[str, Any]], cases: list[dict[str, Any]]) -> str:
+    """Per rung and arm: each seed's plateau exit and final loss, in the order they left; then whether the later
+    seed of a pair ends worse, per family of arms, and how the exits line up with the probed copying onsets."""
+    cells: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+    for row in rows:
+        cells.setdefault((row["rung"], row["arm"], row["lr"]), []).append(row)
+    body = []
+    for (rung, arm, lr), members in cells.items():
+        ordered = sorted(members, key=lambda r: (r["exit"] is None, r["exit"] or 0, r["seed"]))
+        seeds = "; ".join(f"s{r['seed']} {_exit_label(r)} → {r['final']:.3f}" for r in ordered)
+        worse, pairs = later_exit_worse(members)
+        body.append([rung, arm, f"{lr:g}", seeds, f"{worse} of {pairs}" if pairs else ""])
+    lines = markdown_table(["rung", "arm", "lr", "seed: exit step → final loss", "later exit ends worse"], body)
+    families = {"vanillas": ("control", "plain-twin"), "HiRes arms": ("hires", "D=4d", "k=6")}
+    for family, arms in families.items():
+        worse, pairs = later_exit_worse([r for r in rows if r["arm"] in arms])
+        if pairs:
+            lines.append(f"\n{family}: the seed that left the plateau later ended worse in {worse} of {pairs} pairs.")
+    onsets = {c["ladder_key"]: onset(c) for c in cases}
+    leads = [(row["exit"] - onsets[row["key"]]) for row in rows if onsets.get(row["key"]) and row["exit"]]
+    if leads:
+        lines.append(
+            f"\nWhere a run was also probed ({len(leads)} runs), its exit came {statistics.median(leads):+.0f} steps "
+            f"after its copying gain passed {ONSET_NATS:g} nat (median; {min(leads):+d} to {max(leads):+d})."
+        )
+    return "\n".join(lines)
+
+
+def _exit_label(row: dict[str, Any]) -> str:
+    if not row["traced"]:
+        return "no trace"
+    return "not left" if row["exit"] is None else f"{row['exit']:,}"
+
+
+def plot_exits(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Final loss against plateau exit, one panel a rung, a colour per arm: whether the seeds that leave late are
+    the ones that end badly, and whether HiRes's seeds leave later and more apart than the vanillas'."""
+    plt = pyplot()
+    rungs = list(dict.fromkeys(r["rung"] for r in rows))
+    fig, axes = plt.subplots(1, len(rungs), figsize=(6.4 * len(rungs), 4.6), squeeze=False)
+    for axis, rung in zip(axes[0], rungs, strict=True):
+        for arm in EXIT_ARMS:
+            points = [(r["exit"], r["final"]) for r in rows if r["rung"] == rung and r["arm"] == arm and r["exit"]]
+            if points:
+                axis.plot(*zip(*points, strict=True), "o", color=ARM_COLOURS.get(arm), label=arm, alpha=0.8)
+        axis.set(
+            xlabel=f"plateau exit: first step with {EXIT_WINDOW}-step mean training loss ≤ {EXIT_NATS:g}",
+            ylabel="final validation loss (nats)",
+        )
+        axis.set_title(f"{rung}: every seed at each arm's best rate", fontsize=10)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def is_complete(case: dict[str, Any], key: str, until: int) -> bool:
@@ -390,6 +505,16 @@ def write_report(ladder: Ladder, out_dir: Path, marks: list[int]) -> str:
     figures = "![induction probe](induction_probe.png)\n"
     if heads is not None:
         figures += "\n![induction score by layer and step](induction_heads.png)\n"
+    exits = ladder_exits(ladder)
+    if exits:
+        plot_exits(exits, out_dir / "plateau_exits.png")
+        figures += (
+            "\n## When every ladder run left the plateau\n\n"
+            "No retraining: the *exit* is read from each run's stored training loss, the first step whose mean over "
+            f"the {EXIT_WINDOW} steps up to it is at or under {EXIT_NATS:g} nats (the plateau sits at 3.2-3.4). Every "
+            "seed at each arm's best rate, at both CPU rungs; the runs trained before traces were kept have none.\n\n"
+            f"{exit_table(exits, cases)}\n\n![final loss against plateau exit](plateau_exits.png)\n"
+        )
     write_text_atomic(out_dir / "induction_probe.md", f"{intro}```\n{commands}\n```\n\n{text}\n\n{figures}")
     return text
 

@@ -163,3 +163,28 @@ def test_a_run_stopped_early_keeps_its_training_loss_as_far_as_its_last_checkpoi
     trace = induction_probe.own_trace(case)
     assert [step for step, _ in trace] == list(range(1, stop + 1)) and all(math.isfinite(x) for _, x in trace)
     assert not list((out / "checkpoints").iterdir())  # the checkpoint read, then removed
+
+
+def test_the_plateau_exit_is_where_the_smoothed_training_loss_first_reaches_the_line():
+    window = induction_probe.EXIT_WINDOW
+    # 3.3 nats on the plateau until step 1,000, 2.75 from 1,001: the mean of the last `window` steps reaches 3.0
+    # once 0.3 / 0.55 of them are past the drop.
+    trace = [(step, 3.3 if step <= 1000 else 2.75) for step in range(1, 2001)]
+    assert induction_probe.plateau_exit(trace) == 1000 + math.ceil(window * 0.3 / 0.55)
+    assert induction_probe.plateau_exit([(step, 3.3) for step in range(1, 2001)]) is None  # never left
+    assert induction_probe.plateau_exit(None) is None  # a run trained before traces were kept
+
+
+def test_only_seeds_of_one_cell_are_compared_on_when_they_left():
+    def row(arm, lr, seed, exit_step, final):
+        return {"rung": "64x12", "arm": arm, "lr": lr, "seed": seed, "exit": exit_step, "final": final}
+
+    rows = [
+        row("hires", 8e-3, 0, 900, 2.80),
+        row("hires", 8e-3, 1, 1300, 2.95),  # later and worse
+        row("hires", 8e-3, 2, 1100, 3.00),  # later than seed 0 and worse; earlier than seed 1 and worse
+        row("hires", 8e-3, 3, None, 3.10),  # no exit: not compared
+        row("hires", 1.6e-2, 0, 2000, 2.50),  # another rate: another cell
+        row("control", 8e-3, 0, 100, 3.50),  # another arm: another cell
+    ]
+    assert induction_probe.later_exit_worse(rows) == (2, 3)

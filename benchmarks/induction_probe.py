@@ -28,7 +28,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +42,7 @@ from hires_hf.errors import HiResUserError
 from hires_hf.experiments.harness import HIRES, RunPlan, Shape
 from hires_hf.experiments.ladder import Ladder, LadderSettings, cell_plan, ladder_arms, open_ladder
 from hires_hf.experiments.ladder_plots import running_mean
-from hires_hf.experiments.ladder_report import rung_cells
-from hires_hf.experiments.runs import git_commit, machine
+from hires_hf.experiments.runs import RunStore, git_commit, machine
 from hires_hf.io import write_json_atomic, write_text_atomic
 from hires_hf.plotting import ARM_COLOURS, pyplot
 from hires_hf.tables import markdown_table
@@ -61,7 +59,6 @@ LINE_STYLES = ("-", "--", ":", "-.")  # one per seed of an arm, in the order the
 PROBE_SEED = 1234  # the probe's own generator: the training run's random state is never touched
 EXIT_NATS = 3.0  # the plateau before copying sits at 3.2-3.4 nats on the ladder's corpus: under 3.0 a run has left it
 EXIT_WINDOW = 50  # steps the training loss is averaged over before it is compared with EXIT_NATS
-EXIT_ARMS = ("control", "plain-twin", "hires", "D=4d", "k=6")  # the arms the exits are read for, where trained
 
 
 class Enough(Exception):
@@ -233,20 +230,23 @@ def plateau_exit(trace: list[tuple[int, float]] | None, nats: float = EXIT_NATS)
     return next((step for (step, _), loss in zip(trace, smooth, strict=True) if loss <= nats), None)
 
 
-def ladder_exits(ladder: Ladder) -> list[dict[str, Any]]:
-    """Every seed at each arm's best rate at each rung of the ladder (each of EXIT_ARMS it has runs of): its plateau
-    exit (None where it kept no trace or never left) and its final validation loss."""
-    trained = {run.arm for run in ladder.store.runs()}
-    arms = tuple(arm for arm in EXIT_ARMS if arm in trained)
-    every_arm = replace(ladder, settings=replace(ladder.settings, arms=arms), _plans={})
+def ladder_exits(ladder_dir: Path) -> list[dict[str, Any]]:
+    """Every seed at each arm's best rate at each rung of a ladder's report (its `summary.json`, with every arm it was
+    written for): its plateau exit from the stored trace (None where it kept none or never left) and its final
+    validation loss. Reads only the committed report and runs, so a GPU ladder's exits need no corpus."""
+    path = ladder_dir / "summary.json"
+    if not path.is_file():
+        raise HiResUserError(f"No ladder report at {path}: write one first (`hires-hf ladder --report`).")
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    store = RunStore(ladder_dir / "runs")
     rows = []
-    for index, rung in enumerate(every_arm.rungs):
-        for arm, cell in rung_cells(every_arm, index).items():
+    for rung in summary["rungs"]:
+        for arm, cell in rung["arms"].items():
             for seed, key, final in zip(cell["seed_ids"], cell["keys"], cell["seed_losses"], strict=True):
-                trace = ladder.store.trace(key)
+                trace = store.trace(key)
                 rows.append(
                     {
-                        "rung": rung.name,
+                        "rung": rung["shape"],
                         "arm": arm,
                         "lr": cell["best_lr"],
                         "seed": seed,
@@ -257,6 +257,25 @@ def ladder_exits(ladder: Ladder) -> list[dict[str, Any]]:
                     }
                 )
     return rows
+
+
+def write_exits(ladder_dir: Path, out_dir: Path, cases: list[dict[str, Any]]) -> str:
+    """The exits of a ladder's runs as a markdown section and, where any run left, `plateau_exits.png` under
+    `out_dir`; '' for a ladder whose runs kept no traces."""
+    exits = ladder_exits(ladder_dir)
+    if not any(row["traced"] for row in exits):
+        return ""
+    figure = ""
+    if any(row["exit"] is not None for row in exits):
+        plot_exits(exits, out_dir / "plateau_exits.png")
+        figure = "\n![final loss against plateau exit](plateau_exits.png)\n"
+    return (
+        f"## When every run of `{ladder_dir.name}` left the plateau\n\n"
+        "No retraining: the *exit* is read from each run's stored training loss, the first step whose mean over "
+        f"the {EXIT_WINDOW} steps up to it is at or under {EXIT_NATS:g} nats (the plateau sits at 3.2-3.4). Every "
+        "seed at each arm's best rate, at every rung of the ladder's report; runs trained before traces were kept "
+        f"have none.\n\n{exit_table(exits, cases)}\n{figure}"
+    )
 
 
 def later_exit_worse(rows: list[dict[str, Any]]) -> tuple[int, int]:
@@ -311,10 +330,10 @@ def plot_exits(rows: list[dict[str, Any]], path: Path) -> Path:
     """Final loss against plateau exit, one panel a rung, a colour per arm: whether the seeds that leave late are
     the ones that end badly, and whether HiRes's seeds leave later and more apart than the vanillas'."""
     plt = pyplot()
-    rungs = list(dict.fromkeys(r["rung"] for r in rows))
+    rungs = list(dict.fromkeys(r["rung"] for r in rows if r["exit"] is not None))  # a rung with none timed: no panel
     fig, axes = plt.subplots(1, len(rungs), figsize=(6.4 * len(rungs), 4.6), squeeze=False)
     for axis, rung in zip(axes[0], rungs, strict=True):
-        for arm in EXIT_ARMS:
+        for arm in dict.fromkeys(r["arm"] for r in rows):
             points = [(r["exit"], r["final"]) for r in rows if r["rung"] == rung and r["arm"] == arm and r["exit"]]
             if points:
                 axis.plot(*zip(*points, strict=True), "o", color=ARM_COLOURS.get(arm), label=arm, alpha=0.8)
@@ -505,18 +524,27 @@ def write_report(ladder: Ladder, out_dir: Path, marks: list[int]) -> str:
     figures = "![induction probe](induction_probe.png)\n"
     if heads is not None:
         figures += "\n![induction score by layer and step](induction_heads.png)\n"
-    exits = ladder_exits(ladder)
-    if exits:
-        plot_exits(exits, out_dir / "plateau_exits.png")
-        figures += (
-            "\n## When every ladder run left the plateau\n\n"
-            "No retraining: the *exit* is read from each run's stored training loss, the first step whose mean over "
-            f"the {EXIT_WINDOW} steps up to it is at or under {EXIT_NATS:g} nats (the plateau sits at 3.2-3.4). Every "
-            "seed at each arm's best rate, at both CPU rungs; the runs trained before traces were kept have none.\n\n"
-            f"{exit_table(exits, cases)}\n\n![final loss against plateau exit](plateau_exits.png)\n"
-        )
+    ladder_dir = ladder.store.folder.parent
+    exits = write_exits(ladder_dir, out_dir, cases) if (ladder_dir / "summary.json").is_file() else ""
+    figures += f"\n{exits}" if exits else ""
     write_text_atomic(out_dir / "induction_probe.md", f"{intro}```\n{commands}\n```\n\n{text}\n\n{figures}")
     return text
+
+
+def exits_only(ladder_dir: Path) -> int:
+    """`--exits`: a ladder's plateau exits as `plateau_exits.md` and `.png` beside its report."""
+    try:
+        text = write_exits(ladder_dir, ladder_dir, [])
+    except HiResUserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if not text:
+        print(f"error: no run of {ladder_dir} kept a training trace, so no exit can be read.", file=sys.stderr)
+        return 1
+    command = f"python benchmarks/induction_probe.py --exits {ladder_dir}"
+    write_text_atomic(ladder_dir / "plateau_exits.md", f"# Plateau exits\n\n```\n{command}\n```\n\n{text}")
+    print(text)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -534,7 +562,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ladder-dir", type=Path, default=LADDER, help="the ladder whose runs are retrained")
     parser.add_argument("--smoke", action="store_true", help="the ladder's seconds-long smoke settings")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--exits",
+        type=Path,
+        metavar="LADDER_DIR",
+        help="only the plateau exits of that ladder's report and runs "
+        "(no corpus, no probing; a GPU ladder's too), written beside its report as plateau_exits.{md,png}",
+    )
     args = parser.parse_args(argv)
+    if args.exits:
+        return exits_only(args.exits)
     if not args.seeds and not args.report:
         parser.error("nothing to do: give --seeds to train, or --report")
     if args.every < 1 or args.until < 1:

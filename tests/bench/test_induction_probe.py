@@ -188,3 +188,26 @@ def test_only_seeds_of_one_cell_are_compared_on_when_they_left():
         row("control", 8e-3, 0, 100, 3.50),  # another arm: another cell
     ]
     assert induction_probe.later_exit_worse(rows) == (2, 3)
+
+
+def test_exits_are_read_from_a_ladders_report_and_traces_alone(tmp_path, capsys):
+    (tmp_path / "runs" / "traces").mkdir(parents=True)
+    exits = {"k0": 900, "k1": 1300}  # the step each run's loss drops from the plateau to well under the line
+    for key, drop in exits.items():
+        loss = [3.3 if step <= drop else 2.5 for step in range(1, 2001)]
+        trace = {"key": key, "first_step": 1, "loss": loss}
+        (tmp_path / "runs" / "traces" / f"{key}.json").write_text(json.dumps(trace))
+    cell = {"best_lr": 8e-3, "seed_ids": [0, 1, 2], "keys": ["k0", "k1", "k2"], "seed_losses": [2.8, 2.9, 2.85]}
+    (tmp_path / "summary.json").write_text(json.dumps({"rungs": [{"shape": "64x12", "arms": {"hires": cell}}]}))
+
+    assert induction_probe.main(["--exits", str(tmp_path)]) == 0
+    report = (tmp_path / "plateau_exits.md").read_text()
+    assert "s0 919 → 2.800; s1 1,319 → 2.900; s2 no trace → 2.850" in report  # 0.3 / 0.8 of 50 steps past the drop
+    assert "| 1 of 1 |" in report  # the later seed ended worse
+    assert (tmp_path / "plateau_exits.png").is_file()
+
+
+def test_exits_of_a_folder_without_a_ladder_report_fail_in_one_line_and_write_nothing(tmp_path, capsys):
+    assert induction_probe.main(["--exits", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shlex
 import statistics
 import sys
@@ -58,6 +59,7 @@ ZOOM_FROM = 300  # the loss plot's top is the highest loss from this step on
 LINE_STYLES = ("-", "--", ":", "-.")  # one per seed of an arm, in the order they are listed
 PROBE_SEED = 1234  # the probe's own generator: the training run's random state is never touched
 EXIT_NATS = 3.0  # the plateau before copying sits at 3.2-3.4 nats on the ladder's corpus: under 3.0 a run has left it
+PERMUTATIONS = 10_000  # shuffles of each cell's final losses behind the exit order's p-value
 EXIT_WINDOW = 50  # steps the training loss is averaged over before it is compared with EXIT_NATS
 
 
@@ -292,6 +294,26 @@ def later_exit_worse(rows: list[dict[str, Any]]) -> tuple[int, int]:
     return worse, pairs
 
 
+def chance_of_as_many(rows: list[dict[str, Any]], draws: int = PERMUTATIONS, seed: int = PROBE_SEED) -> float:
+    """How often the later leaver ends worse in at least as many pairs as observed when each cell's final losses are
+    shuffled among its seeds (exit order and end independent): a one-sided permutation p-value, which respects that
+    a cell's pairs share seeds and so are not independent coin flips."""
+    observed, _ = later_exit_worse(rows)
+    cells: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+    for row in rows:
+        cells.setdefault((row["rung"], row["arm"], row["lr"]), []).append(row)
+    generator = random.Random(seed)
+    hits = 0
+    for _ in range(draws):
+        shuffled = []
+        for members in cells.values():
+            finals = [row["final"] for row in members]
+            generator.shuffle(finals)
+            shuffled += [{**row, "final": final} for row, final in zip(members, finals, strict=True)]
+        hits += later_exit_worse(shuffled)[0] >= observed
+    return (hits + 1) / (draws + 1)
+
+
 def exit_table(rows: list[dict[str, Any]], cases: list[dict[str, Any]]) -> str:
     """Per rung and arm: each seed's plateau exit and final loss, in the order they left; then whether the later
     seed of a pair ends worse, per family of arms, and how the exits line up with the probed copying onsets."""
@@ -305,11 +327,19 @@ def exit_table(rows: list[dict[str, Any]], cases: list[dict[str, Any]]) -> str:
         worse, pairs = later_exit_worse(members)
         body.append([rung, arm, f"{lr:g}", seeds, f"{worse} of {pairs}" if pairs else ""])
     lines = markdown_table(["rung", "arm", "lr", "seed: exit step → final loss", "later exit ends worse"], body)
-    families = {"vanillas": ("control", "plain-twin"), "HiRes arms": ("hires", "D=4d", "k=6")}
+    families = {
+        "vanillas": ("control", "plain-twin"),
+        "the shipped HiRes": ("hires",),
+        "all HiRes arms": ("hires", "D=4d", "k=6"),
+    }
     for family, arms in families.items():
         worse, pairs = later_exit_worse([r for r in rows if r["arm"] in arms])
         if pairs:
-            lines.append(f"\n{family}: the seed that left the plateau later ended worse in {worse} of {pairs} pairs.")
+            chance = chance_of_as_many([r for r in rows if r["arm"] in arms])
+            lines.append(
+                f"\n{family}: the seed that left the plateau later ended worse in {worse} of {pairs} pairs (as many or "
+                f"more in {chance:.3f} of {PERMUTATIONS:,} shuffles of each cell's final losses)."
+            )
     onsets = {c["ladder_key"]: onset(c) for c in cases}
     leads = [(row["exit"] - onsets[row["key"]]) for row in rows if onsets.get(row["key"]) and row["exit"]]
     if leads:

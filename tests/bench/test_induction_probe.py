@@ -211,3 +211,15 @@ def test_exits_of_a_folder_without_a_ladder_report_fail_in_one_line_and_write_no
     assert induction_probe.main(["--exits", str(tmp_path)]) == 1
     assert capsys.readouterr().err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_exit_orders_p_value_is_small_only_when_later_leavers_end_worse():
+    def cell(finals):
+        return [
+            {"rung": "96x12", "arm": "hires", "lr": 8e-3, "seed": i, "exit": 800 + 100 * i, "final": final}
+            for i, final in enumerate(finals)
+        ]
+
+    in_order = cell([2.60, 2.61, 2.62, 2.63, 2.64])  # only 1 of the 120 orders of five seeds is this one
+    assert induction_probe.chance_of_as_many(in_order, draws=2000) < 0.02
+    assert induction_probe.chance_of_as_many(cell([2.64, 2.63, 2.62, 2.61, 2.60]), draws=2000) > 0.98

@@ -319,13 +319,22 @@ LADDER_FRAGMENT = "ladder/ladder.md"
 LINK = re.compile(r"(\]\()(?![a-z]+:|/|#)([^)]+)\)")  # a relative link or image: `](figure.png)`
 
 
+def demoted(text: str) -> str:
+    """Every heading one level down; a line in a code block that starts with `#` (a shell comment) is not one."""
+    lines, in_code = [], False
+    for line in text.splitlines():
+        in_code ^= line.startswith("```")
+        lines.append("#" + line if line.startswith("#") and not in_code else line)
+    return "\n".join(lines)
+
+
 def fragment(path: Path, results_dir: Path) -> str:
     """A markdown file an experiment wrote, as a section of RESULTS.md: its links made relative to RESULTS.md
     (each file links its figures from its own folder), a top-level `# Title` demoted to `## Title`."""
     folder = path.parent.relative_to(results_dir.parent).as_posix()
     text = LINK.sub(lambda m: f"{m[1]}{folder}/{m[2]})", path.read_text().strip())
     if text.startswith("# "):
-        text = "\n".join("#" + line if line.startswith("#") else line for line in text.splitlines())
+        text = demoted(text)
     elif not text.startswith("## "):
         text = f"## From `{path.relative_to(results_dir.parent).as_posix()}`\n\n{text}"
     return text + "\n"

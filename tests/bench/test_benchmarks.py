@@ -107,7 +107,7 @@ def test_results_md_is_built_from_every_experiment_folder_the_ladder_first_and_t
     The compute ladder (the verdict) comes first, then the design sweep that chose the defaults."""
     results = tmp_path / "results"
     for name, text in {
-        "ladder/ladder.md": "# Compute ladder\n\n![ladder](ladder.png)\n",
+        "ladder/ladder.md": "# Compute ladder\n\n```\nhires-hf ladder\n# a shell comment\n```\n![ladder](ladder.png)\n",
         "sweep/128x16/sweep.md": "# Design sweep at 128x16\n\nverdict\n\n## Length check\n\n![s](sweep.png)\n",
         "stability/stability.md": "## Stability grid\n\n![grid](stability.png)\n",
         "demo/table.md": "| model | loss |\n|---|---:|\n| control | 3.6 |\n",
@@ -119,6 +119,7 @@ def test_results_md_is_built_from_every_experiment_folder_the_ladder_first_and_t
     sections = [line for line in text.splitlines() if line.startswith("## ")]
     assert sections[:2] == ["## Compute ladder", "## Design sweep at 128x16"] and "### Length check" in text
     assert "![ladder](results/ladder/ladder.png)" in text
+    assert "\n# a shell comment\n" in text  # a code block's comment is not a heading to demote
     assert "![s](results/sweep/128x16/sweep.png)" in text and "![grid](results/stability/stability.png)" in text
     assert "## From `results/demo/table.md`" in text and "| control | 3.6 |" in text
     assert "Not run yet: `python -m benchmarks --only cost`" in text

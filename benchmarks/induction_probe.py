@@ -280,17 +280,26 @@ def write_exits(ladder_dir: Path, out_dir: Path, cases: list[dict[str, Any]]) ->
     )
 
 
+def by_cell(rows: list[dict[str, Any]]) -> dict[tuple[str, str, float], list[dict[str, Any]]]:
+    """Rows grouped by cell (rung, arm, rate): the seeds whose exits are compared with one another."""
+    cells: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+    for row in rows:
+        cells.setdefault((row["rung"], row["arm"], row["lr"]), []).append(row)
+    return cells
+
+
 def later_exit_worse(rows: list[dict[str, Any]]) -> tuple[int, int]:
     """Over the pairs of seeds of one cell (same rung, arm and rate) that both left the plateau at different steps:
     how many pairs the later-leaving seed ended worse in, and how many pairs there are."""
     worse = pairs = 0
-    for i, a in enumerate(rows):
-        for b in rows[i + 1 :]:
-            same_cell = (a["rung"], a["arm"], a["lr"]) == (b["rung"], b["arm"], b["lr"])
-            if same_cell and a["exit"] is not None and b["exit"] is not None and a["exit"] != b["exit"]:
-                later, earlier = (a, b) if a["exit"] > b["exit"] else (b, a)
-                pairs += 1
-                worse += later["final"] > earlier["final"]
+    for members in by_cell(rows).values():
+        timed = [row for row in members if row["exit"] is not None]
+        for i, a in enumerate(timed):
+            for b in timed[i + 1 :]:
+                if a["exit"] != b["exit"]:
+                    later, earlier = (a, b) if a["exit"] > b["exit"] else (b, a)
+                    pairs += 1
+                    worse += later["final"] > earlier["final"]
     return worse, pairs
 
 
@@ -299,9 +308,7 @@ def chance_of_as_many(rows: list[dict[str, Any]], draws: int = PERMUTATIONS, see
     shuffled among its seeds (exit order and end independent): a one-sided permutation p-value, which respects that
     a cell's pairs share seeds and so are not independent coin flips."""
     observed, _ = later_exit_worse(rows)
-    cells: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
-    for row in rows:
-        cells.setdefault((row["rung"], row["arm"], row["lr"]), []).append(row)
+    cells = by_cell(rows)
     generator = random.Random(seed)
     hits = 0
     for _ in range(draws):
@@ -317,11 +324,8 @@ def chance_of_as_many(rows: list[dict[str, Any]], draws: int = PERMUTATIONS, see
 def exit_table(rows: list[dict[str, Any]], cases: list[dict[str, Any]]) -> str:
     """Per rung and arm: each seed's plateau exit and final loss, in the order they left; then whether the later
     seed of a pair ends worse, per family of arms, and how the exits line up with the probed copying onsets."""
-    cells: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
-    for row in rows:
-        cells.setdefault((row["rung"], row["arm"], row["lr"]), []).append(row)
     body = []
-    for (rung, arm, lr), members in cells.items():
+    for (rung, arm, lr), members in by_cell(rows).items():
         ordered = sorted(members, key=lambda r: (r["exit"] is None, r["exit"] or 0, r["seed"]))
         seeds = "; ".join(f"s{r['seed']} {_exit_label(r)} → {r['final']:.3f}" for r in ordered)
         worse, pairs = later_exit_worse(members)
@@ -333,9 +337,10 @@ def exit_table(rows: list[dict[str, Any]], cases: list[dict[str, Any]]) -> str:
         "all HiRes arms": ("hires", "D=4d", "k=6"),
     }
     for family, arms in families.items():
-        worse, pairs = later_exit_worse([r for r in rows if r["arm"] in arms])
+        members = [r for r in rows if r["arm"] in arms]
+        worse, pairs = later_exit_worse(members)
         if pairs:
-            chance = chance_of_as_many([r for r in rows if r["arm"] in arms])
+            chance = chance_of_as_many(members)
             lines.append(
                 f"\n{family}: the seed that left the plateau later ended worse in {worse} of {pairs} pairs (as many or "
                 f"more in {chance:.3f} of {PERMUTATIONS:,} shuffles of each cell's final losses)."

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import shlex
 import statistics
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -44,6 +46,7 @@ from hires_hf.experiments.harness import HIRES, RunPlan, Shape
 from hires_hf.experiments.ladder import Ladder, LadderSettings, cell_plan, ladder_arms, open_ladder
 from hires_hf.experiments.ladder_plots import running_mean
 from hires_hf.experiments.runs import RunStore, git_commit, machine
+from hires_hf.experiments.seed_noise import t_quantile
 from hires_hf.io import write_json_atomic, write_text_atomic
 from hires_hf.plotting import ARM_COLOURS, pyplot
 from hires_hf.tables import markdown_table
@@ -61,6 +64,7 @@ PROBE_SEED = 1234  # the probe's own generator: the training run's random state 
 EXIT_NATS = 3.0  # the plateau before copying sits at 3.2-3.4 nats on the ladder's corpus: under 3.0 a run has left it
 PERMUTATIONS = 10_000  # shuffles of each cell's final losses behind the exit order's p-value
 EXIT_WINDOW = 50  # steps the training loss is averaged over before it is compared with EXIT_NATS
+DELAY_STEPS = 100  # the delay whose cost in final loss the exit table reports
 
 
 class Enough(Exception):
@@ -303,6 +307,24 @@ def later_exit_worse(rows: list[dict[str, Any]]) -> tuple[int, int]:
     return worse, pairs
 
 
+def delay_cost(members: list[dict[str, Any]]) -> tuple[float, float, int] | None:
+    """What leaving the plateau DELAY_STEPS later costs one cell's seeds in final loss: the least-squares slope of
+    final loss on exit step, its 95% half-width (Student's t on the residuals) and its degrees of freedom; None
+    under four timed seeds. If HiRes's deficit is a delay at a fixed step, this cost falls as runs grow longer."""
+    timed = [(row["exit"], row["final"]) for row in members if row["exit"] is not None]
+    if len(timed) < 4:
+        return None
+    exits, finals = (np.array(values, dtype=float) for values in zip(*timed, strict=True))
+    spread = float(((exits - exits.mean()) ** 2).sum())
+    if spread == 0:
+        return None
+    slope = float(((exits - exits.mean()) * (finals - finals.mean())).sum()) / spread
+    residuals = finals - finals.mean() - slope * (exits - exits.mean())
+    df = len(timed) - 2
+    standard_error = math.sqrt(float((residuals**2).sum()) / df / spread)
+    return slope * DELAY_STEPS, t_quantile(0.975, df) * standard_error * DELAY_STEPS, df
+
+
 def chance_of_as_many(rows: list[dict[str, Any]], draws: int = PERMUTATIONS, seed: int = PROBE_SEED) -> float:
     """How often the later leaver ends worse in at least as many pairs as observed when each cell's final losses are
     shuffled among its seeds (exit order and end independent): a one-sided permutation p-value, which respects that
@@ -329,8 +351,11 @@ def exit_table(rows: list[dict[str, Any]], cases: list[dict[str, Any]]) -> str:
         ordered = sorted(members, key=lambda r: (r["exit"] is None, r["exit"] or 0, r["seed"]))
         seeds = "; ".join(f"s{r['seed']} {_exit_label(r)} → {r['final']:.3f}" for r in ordered)
         worse, pairs = later_exit_worse(members)
-        body.append([rung, arm, f"{lr:g}", seeds, f"{worse} of {pairs}" if pairs else ""])
-    lines = markdown_table(["rung", "arm", "lr", "seed: exit step → final loss", "later exit ends worse"], body)
+        cost = delay_cost(members)
+        cost_label = f"{cost[0]:+.3f} ± {cost[1]:.3f} ({cost[2]} df)" if cost else ""
+        body.append([rung, arm, f"{lr:g}", seeds, f"{worse} of {pairs}" if pairs else "", cost_label])
+    header = ["rung", "arm", "lr", "seed: exit step → final loss", "later exit ends worse"]
+    lines = markdown_table([*header, f"{DELAY_STEPS} steps later costs (nats)"], body)
     families = {
         "vanillas": ("control", "plain-twin"),
         "the shipped HiRes": ("hires",),

@@ -223,3 +223,20 @@ def test_the_exit_orders_p_value_is_small_only_when_later_leavers_end_worse():
     in_order = cell([2.60, 2.61, 2.62, 2.63, 2.64])  # only 1 of the 120 orders of five seeds is this one
     assert induction_probe.chance_of_as_many(in_order, draws=2000) < 0.02
     assert induction_probe.chance_of_as_many(cell([2.64, 2.63, 2.62, 2.61, 2.60]), draws=2000) > 0.98
+
+
+def test_the_cost_of_a_late_exit_is_the_slope_of_final_loss_on_exit_with_an_interval_that_holds_it():
+    def cell(exits, finals):
+        return [{"exit": e, "final": f} for e, f in zip(exits, finals, strict=True)]
+
+    exits = [800, 900, 1000, 1100, 1200, None]  # the untimed seed is left out of the fit
+    wobble = [0.01, -0.01, 0.0, -0.01, 0.01, 0.0]
+    # 0.03 nats per 100 steps, plus a wobble that is not a line
+    finals = [2.60 + 0.0003 * ((e or 800) - 800) + w for e, w in zip(exits, wobble, strict=True)]
+    slope, half_width, df = induction_probe.delay_cost(cell(exits, finals))
+    assert df == 3
+    assert math.isclose(slope, 0.03, abs_tol=1e-9)  # the wobble is symmetric about the line: it moves no slope
+    assert 0 < half_width < 0.03  # a real cost is told from none
+    assert induction_probe.delay_cost(cell([800, 900, 1000], [2.6, 2.7, 2.8])) is None  # too few seeds to say
+    level = induction_probe.delay_cost(cell([800, 900, 1000, 1100], [2.61, 2.59, 2.61, 2.59]))
+    assert abs(level[0]) < level[1]  # exit and end unrelated: the interval holds zero

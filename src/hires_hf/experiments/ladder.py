@@ -69,7 +69,9 @@ from .stalls import Stalled, StallWatch, stalled_run
 
 FLOOR_NATS = 0.02  # the seed spread (max - min) a verdict's runs must stay under
 SQRT2 = math.sqrt(2.0)
-MOST_SEEDS = 8  # seeds a cell can have (`--seeds`): the report looks this far for them
+# Seeds a cell can have (`--seeds`, `--cell-seed`): the report looks this far for them. The CPU ladder's HiRes noise
+# asks 15 a side to tell the article's gap from none.
+MOST_SEEDS = 16
 
 
 @dataclass(frozen=True)

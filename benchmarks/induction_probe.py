@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -275,12 +275,49 @@ def write_exits(ladder_dir: Path, out_dir: Path, cases: list[dict[str, Any]]) ->
     if any(row["exit"] is not None for row in exits):
         plot_exits(exits, out_dir / "plateau_exits.png")
         figure = "\n![final loss against plateau exit](plateau_exits.png)\n"
+    flying = in_flight_exits(ladder_dir, exits)
     return (
         f"## When every run of `{ladder_dir.name}` left the plateau\n\n"
         "No retraining: the *exit* is read from each run's stored training loss, the first step whose mean over "
         f"the {EXIT_WINDOW} steps up to it is at or under {EXIT_NATS:g} nats (the plateau sits at 3.2-3.4). Every "
         "seed at each arm's best rate, at every rung of the ladder's report; runs trained before traces were kept "
-        f"have none.\n\n{exit_table(exits, cases)}\n{figure}"
+        f"have none.\n\n{exit_table(exits, cases)}\n{flying}{figure}"
+    )
+
+
+def in_flight_exits(ladder_dir: Path, rows: list[dict[str, Any]]) -> str:
+    """The runs the ladder's report lists as in flight, each read from its checkpoint as it stands now: whether it
+    has left the plateau and, if it has, the final loss its cell's exit line predicts for it (an early read of a
+    seed, checkable when it ends); '' when none is in flight."""
+    summary = json.loads((ladder_dir / "summary.json").read_text(encoding="utf-8"))
+    store = RunStore(ladder_dir / "runs")
+    cells = by_cell(rows)
+    body = []
+    for run in summary.get("in_flight", []):
+        progress = read_progress(store.checkpoint(run["key"]))
+        if not progress or not progress.get("train_losses"):
+            continue  # ended since the report was written, or no step kept yet
+        trace = [(int(step), loss) for step, loss in progress["train_losses"]]
+        left = plateau_exit(trace)
+        line = exit_line(cells.get((run["shape"], run["arm"], run["lr"]), []))
+        if left is None:
+            smooth = running_mean([loss for _, loss in trace], EXIT_WINDOW)[-1]
+            exit_label, prediction = f"not yet ({smooth:.3f} at step {trace[-1][0]:,})", ""
+        else:
+            exit_label, prediction = f"{left:,}", ""
+            if line is not None:
+                centre, half_width = line.predict(left)
+                prediction = f"{centre:.3f} ± {half_width:.3f} ({line.seeds} seeds)"
+        step = f"{progress['step']:,} of {run['steps']:,}"
+        body.append([run["shape"], run["arm"], f"{run['lr']:g}", str(run["seed"]), step, exit_label, prediction])
+    if not body:
+        return ""
+    header = ["rung", "arm", "lr", "seed", "checkpoint at", "exit", "final predicted from the exit (95%)"]
+    return (
+        "\n**In flight**, read from each run's checkpoint; the prediction is the cell's exit line (least squares "
+        "through its finished seeds) at the run's exit, with a 95% prediction interval:\n\n"
+        + "\n".join(markdown_table(header, body))
+        + "\n"
     )
 
 
@@ -307,10 +344,31 @@ def later_exit_worse(rows: list[dict[str, Any]]) -> tuple[int, int]:
     return worse, pairs
 
 
-def delay_cost(members: list[dict[str, Any]]) -> tuple[float, float, int] | None:
-    """What leaving the plateau DELAY_STEPS later costs one cell's seeds in final loss: the least-squares slope of
-    final loss on exit step, its 95% half-width (Student's t on the residuals) and its degrees of freedom; None
-    under four timed seeds. If HiRes's deficit is a delay at a fixed step, this cost falls as runs grow longer."""
+class ExitLine(NamedTuple):
+    """Final loss against plateau exit over one cell's timed seeds, by least squares."""
+
+    mean_exit: float
+    mean_final: float
+    slope: float  # nats per step
+    residual_sd: float
+    spread: float  # the sum of squared exit deviations
+    seeds: int
+
+    @property
+    def df(self) -> int:
+        return self.seeds - 2
+
+    def predict(self, exit_step: int) -> tuple[float, float]:
+        """A new seed's final loss from its exit, and the half-width of its 95% prediction interval: the line's own
+        uncertainty and one seed's scatter about it."""
+        offset = exit_step - self.mean_exit
+        scale = math.sqrt(1 + 1 / self.seeds + offset**2 / self.spread)
+        return self.mean_final + self.slope * offset, t_quantile(0.975, self.df) * self.residual_sd * scale
+
+
+def exit_line(members: list[dict[str, Any]]) -> ExitLine | None:
+    """The least-squares line of final loss on exit step through a cell's timed seeds; None under four (two degrees
+    of freedom left) or where they all left at one step."""
     timed = [(row["exit"], row["final"]) for row in members if row["exit"] is not None]
     if len(timed) < 4:
         return None
@@ -320,9 +378,19 @@ def delay_cost(members: list[dict[str, Any]]) -> tuple[float, float, int] | None
         return None
     slope = float(((exits - exits.mean()) * (finals - finals.mean())).sum()) / spread
     residuals = finals - finals.mean() - slope * (exits - exits.mean())
-    df = len(timed) - 2
-    standard_error = math.sqrt(float((residuals**2).sum()) / df / spread)
-    return slope * DELAY_STEPS, t_quantile(0.975, df) * standard_error * DELAY_STEPS, df
+    residual_sd = math.sqrt(float((residuals**2).sum()) / (len(timed) - 2))
+    return ExitLine(float(exits.mean()), float(finals.mean()), slope, residual_sd, spread, len(timed))
+
+
+def delay_cost(members: list[dict[str, Any]]) -> tuple[float, float, int] | None:
+    """What leaving the plateau DELAY_STEPS later costs one cell's seeds in final loss: the slope of the exit line,
+    its 95% half-width (Student's t on the residuals) and its degrees of freedom; None under four timed seeds. If
+    HiRes's deficit is a delay at a fixed step, this cost falls as runs grow longer."""
+    line = exit_line(members)
+    if line is None:
+        return None
+    half_width = t_quantile(0.975, line.df) * line.residual_sd / math.sqrt(line.spread)
+    return line.slope * DELAY_STEPS, half_width * DELAY_STEPS, line.df
 
 
 def chance_of_as_many(rows: list[dict[str, Any]], draws: int = PERMUTATIONS, seed: int = PROBE_SEED) -> float:

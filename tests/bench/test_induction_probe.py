@@ -240,3 +240,39 @@ def test_the_cost_of_a_late_exit_is_the_slope_of_final_loss_on_exit_with_an_inte
     assert induction_probe.delay_cost(cell([800, 900, 1000], [2.6, 2.7, 2.8])) is None  # too few seeds to say
     level = induction_probe.delay_cost(cell([800, 900, 1000, 1100], [2.61, 2.59, 2.61, 2.59]))
     assert abs(level[0]) < level[1]  # exit and end unrelated: the interval holds zero
+
+
+def test_a_run_in_flight_is_read_from_its_checkpoint_and_predicted_from_its_cells_exit_line(tmp_path):
+    from safetensors.torch import save_file
+
+    (tmp_path / "runs" / "traces").mkdir(parents=True)
+    (tmp_path / "runs" / "checkpoints").mkdir()
+
+    def losses(drop, steps):
+        return [3.3 if step <= drop else 2.5 for step in range(1, steps + 1)]
+
+    drops = [800, 900, 1000, 1100]  # finished seeds: 0.1 nats a 100 steps later, exactly on a line
+    for seed, drop in enumerate(drops):
+        trace = {"key": f"k{seed}", "first_step": 1, "loss": losses(drop, 2000)}
+        (tmp_path / "runs" / "traces" / f"k{seed}.json").write_text(json.dumps(trace))
+    finals = [2.6 + 0.001 * (drop - 800) for drop in drops]
+    cell = {"best_lr": 8e-3, "seed_ids": [0, 1, 2, 3], "keys": ["k0", "k1", "k2", "k3"], "seed_losses": finals}
+    flying = [
+        {"shape": "96x12", "arm": "hires", "lr": 8e-3, "seed": 4, "steps": 3000, "key": "k4"},  # left at 1,200
+        {"shape": "96x12", "arm": "hires", "lr": 8e-3, "seed": 5, "steps": 3000, "key": "k5"},  # still on the plateau
+        {"shape": "96x12", "arm": "hires", "lr": 8e-3, "seed": 6, "steps": 3000, "key": "k6"},  # ended since
+    ]
+    for key, drop, steps in (("k4", 1200, 1500), ("k5", 5000, 700)):
+        progress = {"step": steps, "train_losses": [[s, x] for s, x in enumerate(losses(drop, steps), start=1)]}
+        path = tmp_path / "runs" / "checkpoints" / f"{key}.safetensors"
+        save_file({"weight": torch.zeros(1)}, str(path), metadata={"progress": json.dumps(progress)})
+    summary = {"rungs": [{"shape": "96x12", "arms": {"hires": cell}}], "in_flight": flying}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+
+    assert induction_probe.main(["--exits", str(tmp_path)]) == 0
+    report = (tmp_path / "plateau_exits.md").read_text()
+    late = 1200 + math.ceil(induction_probe.EXIT_WINDOW * 0.3 / 0.8)
+    # the line through the finished seeds, extended to the late seed's exit; a seed exactly on it has no scatter
+    assert f"| 4 | 1,500 of 3,000 | {late:,} | {2.6 + 0.001 * (late - 819):.3f} ± 0.000 (4 seeds) |" in report
+    assert "| 5 | 700 of 3,000 | not yet (3.300 at step 700) |  |" in report
+    assert "| 6 |" not in report  # its checkpoint is gone: it has ended, and the report will list it with its cell

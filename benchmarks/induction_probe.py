@@ -300,11 +300,12 @@ def in_flight_exits(ladder_dir: Path, rows: list[dict[str, Any]]) -> str:
         trace = [(int(step), loss) for step, loss in progress["train_losses"]]
         left = plateau_exit(trace)
         line = exit_line(cells.get((run["shape"], run["arm"], run["lr"]), []))
+        prediction = ""
         if left is None:
             smooth = running_mean([loss for _, loss in trace], EXIT_WINDOW)[-1]
-            exit_label, prediction = f"not yet ({smooth:.3f} at step {trace[-1][0]:,})", ""
+            exit_label = f"not yet ({smooth:.3f} at step {trace[-1][0]:,})"
         else:
-            exit_label, prediction = f"{left:,}", ""
+            exit_label = f"{left:,}"
             if line is not None:
                 centre, half_width = line.predict(left)
                 prediction = f"{centre:.3f} ± {half_width:.3f} ({line.seeds} seeds)"

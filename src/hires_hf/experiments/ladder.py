@@ -70,7 +70,7 @@ from .stalls import Stalled, StallWatch, stalled_run
 FLOOR_NATS = 0.02  # the seed spread (max - min) a verdict's runs must stay under
 SQRT2 = math.sqrt(2.0)
 # Seeds a cell can have (`--seeds`, `--cell-seed`): the report looks this far for them. The CPU ladder's HiRes noise
-# asks 15 a side to tell the article's gap from none.
+# asks more than eight a side to tell the article's gap from none (the report's "Seeds the verdict needs").
 MOST_SEEDS = 16
 
 

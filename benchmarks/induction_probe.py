@@ -65,6 +65,7 @@ EXIT_NATS = 3.0  # the plateau before copying sits at 3.2-3.4 nats on the ladder
 PERMUTATIONS = 10_000  # shuffles of each cell's final losses behind the exit order's p-value
 EXIT_WINDOW = 50  # steps the training loss is averaged over before it is compared with EXIT_NATS
 DELAY_STEPS = 100  # the delay whose cost in final loss the exit table reports
+VANILLAS = ("control", "plain-twin")  # the arms whose latest exit at a rung marks a seed there as on time or late
 
 
 class Enough(Exception):
@@ -253,6 +254,7 @@ def ladder_exits(ladder_dir: Path) -> list[dict[str, Any]]:
                 rows.append(
                     {
                         "rung": rung["shape"],
+                        "baseline": rung.get("baseline"),
                         "arm": arm,
                         "lr": cell["best_lr"],
                         "seed": seed,
@@ -281,7 +283,7 @@ def write_exits(ladder_dir: Path, out_dir: Path, cases: list[dict[str, Any]]) ->
         "No retraining: the *exit* is read from each run's stored training loss, the first step whose mean over "
         f"the {EXIT_WINDOW} steps up to it is at or under {EXIT_NATS:g} nats (the plateau sits at 3.2-3.4). Every "
         "seed at each arm's best rate, at every rung of the ladder's report; runs trained before traces were kept "
-        f"have none.\n\n{exit_table(exits, cases)}\n{flying}{figure}"
+        f"have none.\n\n{exit_table(exits, cases)}\n{split_table(exits)}{flying}{figure}"
     )
 
 
@@ -426,7 +428,7 @@ def exit_table(rows: list[dict[str, Any]], cases: list[dict[str, Any]]) -> str:
     header = ["rung", "arm", "lr", "seed: exit step → final loss", "later exit ends worse"]
     lines = markdown_table([*header, f"{DELAY_STEPS} steps later costs (nats)"], body)
     families = {
-        "vanillas": ("control", "plain-twin"),
+        "vanillas": VANILLAS,
         "the shipped HiRes": ("hires",),
         "all HiRes arms": ("hires", "D=4d", "k=6"),
     }
@@ -447,6 +449,60 @@ def exit_table(rows: list[dict[str, Any]], cases: list[dict[str, Any]]) -> str:
             f"after its copying gain passed {ONSET_NATS:g} nat (median; {min(leads):+d} to {max(leads):+d})."
         )
     return "\n".join(lines)
+
+
+def on_time_split(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each rung's other arms' timed seeds split at the rung's latest vanilla exit: on time (at or before it) or
+    late, with each group's mean final loss against the rung's baseline (the mean over its seeds). Reads a late exit
+    as a threshold rather than a slope; a rung with no timed vanilla seed or no baseline seeds, and an arm with no
+    timed seed, are left out."""
+    split = []
+    for rung in dict.fromkeys(row["rung"] for row in rows):
+        members = [row for row in rows if row["rung"] == rung]
+        vanilla_exits = [row["exit"] for row in members if row["arm"] in VANILLAS and row["exit"] is not None]
+        baseline = [row["final"] for row in members if row["arm"] == row["baseline"]]
+        if not vanilla_exits or not baseline:
+            continue
+        limit, baseline_mean = max(vanilla_exits), statistics.fmean(baseline)
+        for arm in dict.fromkeys(row["arm"] for row in members if row["arm"] not in VANILLAS):
+            timed = [row for row in members if row["arm"] == arm and row["exit"] is not None]
+            if not timed:
+                continue
+            groups = {
+                "on_time": [row["final"] for row in timed if row["exit"] <= limit],
+                "late": [row["final"] for row in timed if row["exit"] > limit],
+            }
+            entry: dict[str, Any] = {"rung": rung, "arm": arm, "limit": limit, "baseline": baseline_mean}
+            for name, finals in groups.items():
+                entry[name] = (len(finals), statistics.fmean(finals)) if finals else (0, None)
+            split.append(entry)
+    return split
+
+
+def split_table(rows: list[dict[str, Any]]) -> str:
+    """`on_time_split` as a markdown paragraph and table; '' where no rung can be split."""
+    split = on_time_split(rows)
+    if not split:
+        return ""
+
+    def group(entry: dict[str, Any], name: str) -> str:
+        count, mean = entry[name]
+        return f"{count}: {mean:.3f} ({mean - entry['baseline']:+.3f})" if count else "0"
+
+    body = [[e["rung"], f"{e['limit']:,}", e["arm"], group(e, "on_time"), group(e, "late")] for e in split]
+    header = [
+        "rung",
+        "latest vanilla exit",
+        "arm",
+        "on time: seeds: mean (vs baseline)",
+        "late: seeds: mean (vs baseline)",
+    ]
+    return (
+        "\n**On time or late**: a seed is on time when it left the plateau no later than every vanilla seed at its "
+        "rung did; each group's mean final loss, and its gap to the mean of the rung's baseline seeds:\n\n"
+        + "\n".join(markdown_table(header, body))
+        + "\n"
+    )
 
 
 def _exit_label(row: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -276,3 +277,36 @@ def test_a_run_in_flight_is_read_from_its_checkpoint_and_predicted_from_its_cell
     assert f"| 4 | 1,500 of 3,000 | {late:,} | {2.6 + 0.001 * (late - 819):.3f} ± 0.000 (4 seeds) |" in report
     assert "| 5 | 700 of 3,000 | not yet (3.300 at step 700) |  |" in report
     assert "| 6 |" not in report  # its checkpoint is gone: it has ended, and the report will list it with its cell
+
+
+def test_a_seed_is_on_time_when_it_leaves_no_later_than_every_vanilla_seed_at_its_rung():
+    def row(rung, arm, seed, exit_step, final):
+        return {
+            "rung": rung,
+            "baseline": "plain-twin",
+            "arm": arm,
+            "lr": 8e-3,
+            "seed": seed,
+            "exit": exit_step,
+            "final": final,
+        }
+
+    rows = [
+        row("96x12", "plain-twin", 0, 800, 2.60),
+        row("96x12", "plain-twin", 1, None, 2.62),  # no trace: not a limit, still a baseline seed
+        row("96x12", "control", 0, 900, 2.70),  # the latest vanilla exit sets the limit, whichever vanilla
+        row("96x12", "hires", 0, 900, 2.59),  # at the limit: on time
+        row("96x12", "hires", 1, 901, 2.65),
+        row("96x12", "hires", 2, 1200, 2.67),
+        row("96x12", "hires", 3, None, 2.50),  # untimed: in neither group
+        row("64x12", "plain-twin", 0, None, 2.90),  # no timed vanilla at this rung: nothing to split on
+        row("64x12", "hires", 0, 1000, 2.95),
+        row("96x12", "D=4d", 0, None, 2.70),  # no timed seed: no row
+    ]
+    (split,) = induction_probe.on_time_split(rows)
+    assert (split["rung"], split["arm"], split["limit"]) == ("96x12", "hires", 900)
+    assert split["baseline"] == statistics.fmean([2.60, 2.62])
+    assert split["on_time"] == (1, 2.59)
+    assert split["late"][0] == 2 and math.isclose(split["late"][1], 2.66)
+    table = induction_probe.split_table(rows)
+    assert "| 96x12 | 900 | hires | 1: 2.590 (-0.020) | 2: 2.660 (+0.050) |" in table

@@ -23,7 +23,7 @@ import pytest
 from hires_hf import configuration_hires
 from hires_hf.experiments import harness
 from hires_hf.experiments import ladder as ladder_module
-from hires_hf.experiments.harness import Arm, Budget, Run, RunStore, Shape, plan_run
+from hires_hf.experiments.harness import Arm, Budget, Run, RunStore, Shape, plan_run, tidy_rate
 from hires_hf.experiments.ladder import (
     MOST_SEEDS,
     SQRT2,
@@ -990,6 +990,9 @@ def test_the_report_shows_where_each_begun_run_stands(fake_ladder, tmp_path):
     control_rate = summarize(ladder)["rungs"][0]["arms"]["control"]["best_lr"]
     by_hand = ladder.plan(ladder_arms_by_name(ladder)["control"], rung, control_rate, seed=MOST_SEEDS - 1)
     write_checkpoint(ladder, by_hand, {"step": 7, "curve": [[0, 6.0]], "train_losses": [], "seconds": 60.0})
+    off_grid_rate = tidy_rate(control_rate / math.sqrt(2))  # a bracket begun by hand, off the rung's x2 grid
+    off_grid = ladder.plan(ladder_arms_by_name(ladder)["control"], rung, off_grid_rate)
+    write_checkpoint(ladder, off_grid, {"step": 3, "curve": [[0, 6.0]], "train_losses": [], "seconds": 30.0})
 
     summary = summarize(ladder)
     rows = {row["key"]: row for row in summary["in_flight"]}
@@ -999,6 +1002,7 @@ def test_the_report_shows_where_each_begun_run_stands(fake_ladder, tmp_path):
     assert row["baseline_then"] == pytest.approx(control)
     assert rows[other.key]["step"] is None  # an unreadable checkpoint is listed, without progress
     assert (rows[by_hand.key]["seed"], rows[by_hand.key]["step"]) == (MOST_SEEDS - 1, 7)  # a seed the plan lacks
+    assert (rows[off_grid.key]["lr"], rows[off_grid.key]["step"]) == (off_grid_rate, 3)  # a rate the plan lacks
     assert "**In flight**" in write_report(ladder, tmp_path / "report")
 
 

@@ -24,7 +24,7 @@ from ..io import write_json_atomic, write_text_atomic
 from ..tables import markdown_table
 from ..training.bf16_emulation import EMULATED, NATIVE
 from ..training.checkpoint import read_progress
-from .harness import HIRES, Run, RunPlan, bracket_status
+from .harness import HIRES, Run, RunPlan, bracket_status, tidy_rate
 from .ladder import (
     FLOOR_NATS,
     MOST_SEEDS,
@@ -281,17 +281,24 @@ def in_flight(ladder: Ladder, rungs: list[dict[str, Any]]) -> list[dict[str, Any
     return rows
 
 
+# How far from a cell's best rate a run begun by hand is looked for: x sqrt(2) steps, the top rung's grid spacing.
+HAND_RATE_STEPS = range(-4, 5)
+
+
 def hand_seeded(ladder: Ladder, rungs: list[dict[str, Any]], planned: set[str]) -> list[RunPlan]:
-    """Runs begun by hand (`--cell ARM RUNG RATE --cell-seed N`) beyond the seeds the plan holds, at each cell's
-    best rate: not stored yet, with a checkpoint, so that the report shows every run a machine is training."""
+    """Runs begun by hand (`--cell ARM RUNG RATE --cell-seed N`) beyond the runs the plan holds, at or within four
+    sqrt(2) steps of each cell's best rate (a bracket run by hand where the planner's grid has not reached yet): not
+    stored yet, with a checkpoint, so that the report shows every run a machine is training."""
     plans, arms = [], {arm.name: arm for arm in ladder.arms}
     for index, rung in enumerate(rungs):
         for name, cell in rung["arms"].items():
-            for seed in range(MOST_SEEDS):
-                plan = ladder.plan(arms[name], ladder.rungs[index], cell["best_lr"], seed)
-                begun = ladder.store.checkpoint(plan.key).exists() and ladder.store.get(plan.key) is None
-                if begun and plan.key not in planned:
-                    plans.append(plan)
+            rates = dict.fromkeys(tidy_rate(cell["best_lr"] * 2 ** (step / 2)) for step in HAND_RATE_STEPS)
+            for rate in rates:
+                for seed in range(MOST_SEEDS):
+                    plan = ladder.plan(arms[name], ladder.rungs[index], rate, seed)
+                    begun = ladder.store.checkpoint(plan.key).exists() and ladder.store.get(plan.key) is None
+                    if begun and plan.key not in planned:
+                        plans.append(plan)
     return plans
 
 

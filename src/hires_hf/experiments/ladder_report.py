@@ -24,10 +24,11 @@ from ..io import write_json_atomic, write_text_atomic
 from ..tables import markdown_table
 from ..training.bf16_emulation import EMULATED, NATIVE
 from ..training.checkpoint import read_progress
-from .harness import HIRES, Run, RunPlan, bracket_status, tidy_rate
+from .harness import HIRES, Run, RunPlan, bracket_status
 from .ladder import (
     FLOOR_NATS,
     MOST_SEEDS,
+    SQRT2,
     STAGES,
     Ladder,
     LadderSettings,
@@ -281,8 +282,8 @@ def in_flight(ladder: Ladder, rungs: list[dict[str, Any]]) -> list[dict[str, Any
     return rows
 
 
-# How far from a cell's best rate a run begun by hand is looked for: x sqrt(2) steps, the top rung's grid spacing.
-HAND_RATE_STEPS = range(-4, 5)
+# How far from a cell's best rate a run begun by hand is looked for, in x sqrt(2) steps (the top rung's spacing).
+HAND_RATE_STEPS = 4
 
 
 def hand_seeded(ladder: Ladder, rungs: list[dict[str, Any]], planned: set[str]) -> list[RunPlan]:
@@ -292,8 +293,7 @@ def hand_seeded(ladder: Ladder, rungs: list[dict[str, Any]], planned: set[str]) 
     plans, arms = [], {arm.name: arm for arm in ladder.arms}
     for index, rung in enumerate(rungs):
         for name, cell in rung["arms"].items():
-            rates = dict.fromkeys(tidy_rate(cell["best_lr"] * 2 ** (step / 2)) for step in HAND_RATE_STEPS)
-            for rate in rates:
+            for rate in _rates_around([cell["best_lr"]], SQRT2, HAND_RATE_STEPS):
                 for seed in range(MOST_SEEDS):
                     plan = ladder.plan(arms[name], ladder.rungs[index], rate, seed)
                     begun = ladder.store.checkpoint(plan.key).exists() and ladder.store.get(plan.key) is None
